@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: a venv with the pinned packages, and Debian's Chromium for
+# the browser tests. Safe to run again: it skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")"
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import sr_blockwise, torch, gradio, playwright" 2>/dev/null; then
+    .venv/bin/pip install --quiet -e ".[dev]"
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null
+    else
+        echo "setup: chromium is missing; install Debian's chromium for the browser tests" >&2
+    fi
+fi

@@ -1,0 +1,129 @@
+"""Shipped weights: NAME.safetensors + NAME.json (model config, sha256, training facts, scores).
+
+Loading never unpickles: safetensors for shipped weights, torch.load(weights_only=True) for the
+resumable training checkpoints. A file whose sha256, tensor names or shapes do not match its
+config is refused with the reason.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .model import ImageTransformerSR, ModelConfig
+
+WEIGHTS_DIR = Path(os.environ.get("SR_BLOCKWISE_WEIGHTS", Path(__file__).resolve().parent.parent / "weights"))
+DEFAULT_WEIGHTS = "cpu-finetuned"
+
+
+class WeightsError(ValueError):
+    """Weights that cannot be used; the message says why."""
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_weights(model: ImageTransformerSR, out: str | Path, meta: dict | None = None) -> Path:
+    """Write out.safetensors and out.json; returns the .json path."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    st = out.with_suffix(".safetensors")
+    tensors = {k: v.detach().float().contiguous().cpu() for k, v in model.state_dict().items()}
+    tmp = st.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, st)
+    card = {"name": out.name, "config": model.cfg.to_dict(), "sha256": sha256_of(st),
+            "file": st.name, "meta": meta or {}}
+    js = out.with_suffix(".json")
+    js.write_text(json.dumps(card, indent=1) + "\n")
+    return js
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """A weights name (in weights/), a .json/.safetensors path, or a training checkpoint .pt."""
+    p = Path(name_or_path)
+    candidates = [p, p.with_suffix(".json"), WEIGHTS_DIR / f"{name_or_path}.json"]
+    for c in candidates:
+        if c.suffix in (".json", ".pt") and c.is_file():
+            return c
+        if c.suffix == ".safetensors" and c.with_suffix(".json").is_file():
+            return c.with_suffix(".json")
+    known = ", ".join(w["name"] for w in list_weights()) or "none"
+    raise WeightsError(f"no weights named or at {name_or_path!r} (shipped: {known})")
+
+
+def read_card(json_path: Path) -> dict:
+    try:
+        card = json.loads(Path(json_path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise WeightsError(f"{json_path}: unreadable weights config ({e})") from None
+    for key in ("config", "sha256", "file"):
+        if key not in card:
+            raise WeightsError(f"{json_path}: weights config lacks {key!r}")
+    return card
+
+
+def load_model(name_or_path: str | Path = DEFAULT_WEIGHTS, dtype: torch.dtype = torch.bfloat16,
+               device: str = "cpu", for_inference: bool = True, expect: ModelConfig | None = None,
+               verify_sha: bool = True) -> ImageTransformerSR:
+    path = resolve(name_or_path)
+    if path.suffix == ".pt":  # a resumable training checkpoint
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+        cfg, state = ModelConfig.from_dict(ck["model_config"]), ck["model"]
+    else:
+        card = read_card(path)
+        st = path.parent / card["file"]
+        if not st.is_file():
+            raise WeightsError(f"{path}: its tensor file {st.name} is missing")
+        if verify_sha and sha256_of(st) != card["sha256"]:
+            raise WeightsError(f"{st}: sha256 does not match {path.name}: the file is corrupt or altered")
+        try:
+            cfg = ModelConfig.from_dict(card["config"])
+        except (TypeError, ValueError) as e:
+            raise WeightsError(f"{path}: bad model config ({e})") from None
+        state = load_file(str(st))
+    if expect is not None and expect.to_dict() != cfg.to_dict():
+        diff = {k: (v, expect.to_dict()[k]) for k, v in cfg.to_dict().items() if expect.to_dict()[k] != v}
+        raise WeightsError(f"{path}: config does not match the expected one (have, want): {diff}")
+    model = ImageTransformerSR(cfg)
+    want = model.state_dict()
+    missing, extra = set(want) - set(state), set(state) - set(want)
+    if missing or extra:
+        raise WeightsError(f"{path}: tensors do not match its config: missing {sorted(missing)[:5]}, "
+                           f"unexpected {sorted(extra)[:5]}")
+    bad = [k for k in want if tuple(want[k].shape) != tuple(state[k].shape)]
+    if bad:
+        k = bad[0]
+        raise WeightsError(f"{path}: tensor {k} has shape {tuple(state[k].shape)}, its config needs "
+                           f"{tuple(want[k].shape)} ({len(bad)} mismatched)")
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    model.to(device)
+    return model.for_inference(dtype) if for_inference else model
+
+
+def list_weights(directory: Path = WEIGHTS_DIR) -> list[dict]:
+    out = []
+    for js in sorted(Path(directory).glob("*.json")):
+        try:
+            card = read_card(js)
+        except WeightsError:
+            continue
+        out.append({"name": js.stem, "path": str(js), "config": card["config"], "meta": card.get("meta", {})})
+    return out
+
+
+def default_weights() -> str:
+    """The shipped default, or the first shipped weights if the default is absent."""
+    names = [w["name"] for w in list_weights()]
+    if DEFAULT_WEIGHTS in names or not names:
+        return DEFAULT_WEIGHTS
+    return names[0]

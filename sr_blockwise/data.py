@@ -1,0 +1,249 @@
+"""Faces in, 8x8 inputs and 32x32 targets out, with one fixed split.
+
+Sources: a CelebA download (img_align_celeba/ + list_eval_partition.txt), a prepared array file
+(.npz with `images` (N,32,32,3) uint8 and optionally `celeba_id`, `split`), or a plain folder of
+photos. Every photo goes through `photo_to_32`, the same function the demo and the batch command
+use; 8x8 inputs are always the 4x4 box average of a 32x32 face.
+
+The split (written down in data/README.md): held-out TEST = CelebA test-partition ids with
+id % 16 == 0; VAL = the official validation partition; TRAIN = everything else. Training never
+sees TEST.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+from tqdm import tqdm
+
+CELEBA_BOX = (20, 40, 158, 178)  # left, top, right, bottom: the 138x138 crop of tensor2tensor
+MAX_PIXELS = 40_000_000  # refuse decompression bombs with a clear message instead of a hang
+IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+SPLITS = {"train": 0, "val": 1, "test": 2}
+
+DEFAULT_DATA = Path(os.environ.get("SR_BLOCKWISE_DATA",
+                                   Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
+
+
+class BadImage(ValueError):
+    """An input that is not a usable image; the message says why."""
+
+
+# ---------------------------------------------------------------- single images
+
+def open_rgb(path_or_file) -> Image.Image:
+    """Open any Pillow-readable image as RGB; transparency is flattened onto white."""
+    name = getattr(path_or_file, "name", path_or_file)
+    try:
+        if isinstance(path_or_file, (str, Path)) and os.path.getsize(path_or_file) == 0:
+            raise BadImage(f"{name}: empty file (0 bytes)")
+        img = Image.open(path_or_file)
+        if img.width * img.height > MAX_PIXELS:
+            raise BadImage(f"{name}: image is {img.width}x{img.height} "
+                           f"({img.width * img.height / 1e6:.0f} MP), more than the "
+                           f"{MAX_PIXELS / 1e6:.0f} MP limit")
+        img.load()
+    except BadImage:
+        raise
+    except Image.DecompressionBombError as e:
+        raise BadImage(f"{name}: image too large ({e})") from None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise BadImage(f"{name}: not a readable image ({e})") from None
+    return to_rgb(img)
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    img = ImageOps.exif_transpose(img)
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        img = img.convert("RGBA")
+        bg = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        return Image.alpha_composite(bg, img).convert("RGB")
+    return img.convert("RGB")
+
+
+def center_square(img: Image.Image) -> Image.Image:
+    s = min(img.size)
+    left, top = (img.width - s) // 2, (img.height - s) // 2
+    return img.crop((left, top, left + s, top + s))
+
+
+def photo_to_32(img: Image.Image, celeba_aligned: bool | None = None) -> np.ndarray:
+    """A face photo -> (32,32,3) uint8. CelebA-aligned 178x218 photos get the paper's crop;
+    anything else a centre square crop. Area (box) resampling."""
+    img = to_rgb(img)
+    if celeba_aligned is None:
+        celeba_aligned = img.size == (178, 218)
+    img = img.crop(CELEBA_BOX) if celeba_aligned else center_square(img)
+    return np.asarray(img.resize((32, 32), Image.Resampling.BOX), dtype=np.uint8)
+
+
+def downsample_8(img32: np.ndarray) -> np.ndarray:
+    """(..., 32, 32, 3) uint8 -> (..., 8, 8, 3) uint8: 4x4 box average, rounded half up."""
+    a = np.asarray(img32, dtype=np.int32)
+    s = a.reshape(*a.shape[:-3], 8, 4, 8, 4, 3).sum(axis=(-4, -2))
+    return ((s + 8) // 16).astype(np.uint8)
+
+
+def image_to_input(img: Image.Image) -> tuple[np.ndarray, np.ndarray | None]:
+    """The one function every front end uses: a photo -> (8x8x3 input, 32x32 face or None).
+    An 8x8 image is used as is; a 32x32 one is taken as the face; larger ones are cropped."""
+    img = to_rgb(img)
+    if img.size == (8, 8):
+        return np.asarray(img, dtype=np.uint8), None
+    face = np.asarray(img, dtype=np.uint8) if img.size == (32, 32) else photo_to_32(img)
+    return downsample_8(face), face
+
+
+def check_input(lr: np.ndarray) -> np.ndarray:
+    """Validate a batch of 8x8 inputs: (8,8,3) or (B,8,8,3) uint8 (or ints in 0..255)."""
+    lr = np.asarray(lr)
+    if lr.ndim == 3:
+        lr = lr[None]
+    if lr.ndim != 4 or lr.shape[1:] != (8, 8, 3):
+        raise ValueError(f"expected 8x8 RGB input of shape (8, 8, 3) or (B, 8, 8, 3), got {lr.shape}")
+    if lr.dtype != np.uint8:
+        if not np.issubdtype(lr.dtype, np.integer):
+            raise ValueError(f"expected uint8 intensities 0..255, got dtype {lr.dtype}")
+        if lr.min() < 0 or lr.max() > 255:
+            raise ValueError(f"expected intensities in 0..255, got range {lr.min()}..{lr.max()}")
+        lr = lr.astype(np.uint8)
+    return lr
+
+
+# ---------------------------------------------------------------- datasets
+
+@dataclass
+class Faces:
+    images: np.ndarray  # (N, 32, 32, 3) uint8
+    ids: np.ndarray  # (N,) int64 CelebA id, or -1
+    split: np.ndarray  # (N,) int64: 0 train, 1 val, 2 test (-1 unknown)
+    names: list[str]
+    skipped: list[tuple[str, str]]  # (path, reason) of inputs that could not be used
+
+    def __len__(self):
+        return len(self.images)
+
+    def subset(self, mask) -> "Faces":
+        idx = np.flatnonzero(mask)
+        return Faces(self.images[idx], self.ids[idx], self.split[idx],
+                     [self.names[i] for i in idx], self.skipped)
+
+    def part(self, name: str) -> "Faces":
+        """The project's fixed split: 'train', 'val', 'test' (held-out) or 'all'."""
+        if name == "all":
+            return self
+        heldout = (self.split == 2) & (self.ids % 16 == 0)
+        if (self.split < 0).all():  # unlabelled folder: everything is "test"
+            return self if name == "test" else self.subset(np.zeros(len(self), bool))
+        masks = {"test": heldout, "val": self.split == 1, "train": (self.split != 1) & ~heldout}
+        if name not in masks:
+            raise ValueError(f"unknown split {name!r}: use train, val, test or all")
+        return self.subset(masks[name])
+
+
+def load_faces(path: str | Path | None = None, limit: int | None = None, progress: bool = False) -> Faces:
+    """Load faces from an .npz, a CelebA folder, or a folder of photos."""
+    path = Path(path) if path is not None else DEFAULT_DATA / "celeba32.npz"
+    if not path.exists():
+        raise FileNotFoundError(f"data path does not exist: {path}")
+    if path.is_file() and path.suffix == ".npz":
+        return _load_npz(path, limit)
+    if path.is_dir() and (path / "celeba32.npz").exists():
+        return _load_npz(path / "celeba32.npz", limit)
+    if path.is_dir() and (path / "img_align_celeba").is_dir():
+        return _load_celeba(path, limit, progress)
+    if path.is_dir():
+        return _load_folder(path, limit, progress)
+    raise ValueError(f"{path}: expected a .npz array file, a CelebA folder or a folder of images")
+
+
+def _load_npz(path: Path, limit) -> Faces:
+    with np.load(path, allow_pickle=False) as d:
+        if "images" not in d.files:
+            raise ValueError(f"{path}: no 'images' array (found {d.files})")
+        images = d["images"]
+        n = len(images)
+        ids = d["celeba_id"] if "celeba_id" in d.files else np.full(n, -1, np.int64)
+        split = d["split"] if "split" in d.files else np.full(n, -1, np.int64)
+    if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or images.dtype != np.uint8:
+        raise ValueError(f"{path}: 'images' must be (N, 32, 32, 3) uint8, got {images.shape} {images.dtype}")
+    if n == 0:
+        raise ValueError(f"{path}: the dataset is empty")
+    sl = slice(None, limit)
+    return Faces(images[sl], ids[sl].astype(np.int64), split[sl].astype(np.int64),
+                 [f"{path.name}[{i}]" for i in range(n)][sl], [])
+
+
+def _read_many(paths, celeba_aligned, progress):
+    images, names, skipped = [], [], []
+    for p in tqdm(paths, desc="reading faces", disable=not progress, unit="img"):
+        try:
+            images.append(photo_to_32(open_rgb(p), celeba_aligned))
+            names.append(str(p))
+        except BadImage as e:
+            skipped.append((str(p), str(e)))
+    return images, names, skipped
+
+
+def _load_celeba(root: Path, limit, progress) -> Faces:
+    part_file = root / "list_eval_partition.txt"
+    partition = {}
+    if part_file.exists():
+        for line in part_file.read_text().split("\n"):
+            if line.strip():
+                name, s = line.split()
+                partition[name] = int(s)
+    files = sorted(p for p in (root / "img_align_celeba").iterdir() if p.suffix.lower() in IMAGE_EXTS)
+    files = files[:limit]
+    images, names, skipped = _read_many(files, True, progress)
+    if not images:
+        raise ValueError(f"{root}: no readable images ({len(skipped)} skipped)")
+    ids = np.array([int(Path(n).stem) if Path(n).stem.isdigit() else -1 for n in names], np.int64)
+    split = np.array([partition.get(Path(n).name, -1) for n in names], np.int64)
+    return Faces(np.stack(images), ids, split, names, skipped)
+
+
+def _load_folder(root: Path, limit, progress) -> Faces:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTS)[:limit]
+    images, names, skipped = _read_many(files, None, progress)
+    if not images:
+        raise ValueError(f"{root}: no readable images ({len(skipped)} skipped)")
+    n = len(images)
+    return Faces(np.stack(images), np.full(n, -1, np.int64), np.full(n, -1, np.int64), names, skipped)
+
+
+def save_faces(faces: Faces, out: str | Path) -> None:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.stem + ".tmp.npz")
+    np.savez_compressed(tmp, images=faces.images, celeba_id=faces.ids, split=faces.split)
+    os.replace(tmp, out)
+
+
+# ---------------------------------------------------------------- tokens
+
+def to_tokens(img: np.ndarray) -> np.ndarray:
+    """(..., H, W, 3) uint8 -> (..., H*W*3) int64 in raster (row, col, channel) order."""
+    img = np.asarray(img)
+    return img.reshape(*img.shape[:-3], -1).astype(np.int64)
+
+
+def from_tokens(tokens, size: int = 32) -> np.ndarray:
+    t = np.asarray(tokens)
+    return t.reshape(*t.shape[:-1], size, size, 3).astype(np.uint8)
+
+
+def bicubic_upscale(lr: np.ndarray, size: int = 32) -> np.ndarray:
+    """(8,8,3) or (B,8,8,3) uint8 -> bicubic upscaling to size x size (the baseline row)."""
+    lr = np.asarray(lr, dtype=np.uint8)
+    if lr.ndim == 4:
+        return np.stack([bicubic_upscale(x, size) for x in lr])
+    return np.asarray(Image.fromarray(lr).resize((size, size), Image.Resampling.BICUBIC), dtype=np.uint8)
+
+
+def enlarge(img: np.ndarray, scale: int = 8) -> np.ndarray:
+    """Nearest-neighbour enlargement for showing tiny images with visible pixels."""
+    return np.repeat(np.repeat(np.asarray(img), scale, axis=-3), scale, axis=-2)

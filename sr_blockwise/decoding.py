@@ -1,0 +1,247 @@
+"""Greedy, blockwise parallel and sampled decoding of a batch of 8x8 inputs, KV cached.
+
+Blockwise (Stern et al. 2018), merged predict+verify: from the confirmed prefix of t tokens we
+hold k proposals y_t..y_{t+k-1} (the first is p1's own argmax, so it is certain). One model call
+feeds all k at positions t+1..t+k; p1's argmax at each position verifies the next proposal; the
+longest accepted prefix is kept, and the heads read at the last accepted position give the next
+block's proposals. About 3072/k + 1 calls instead of 3072. k=1 is plain greedy decoding.
+
+Each image keeps its own position and accepted length: finished images leave the batch, and
+every call has the same shape (k tokens per image), so an image's output does not depend on the
+batch it was decoded in.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .data import check_input, from_tokens, to_tokens
+from .model import SEQ_LEN, ImageTransformerSR
+
+RULES = ("exact", "eps", "topk", "oracle")
+
+
+@dataclass
+class DecodeOptions:
+    k: int = 1  # block size: tokens proposed per call (1 = greedy)
+    rule: str = "exact"  # exact | eps | topk | oracle (accept everything: the speed upper bound)
+    eps: int = 0  # eps rule: accept a proposal within eps intensity levels of p1's argmax
+    top_k: int = 1  # topk rule: accept a proposal among p1's top_k values
+    min_block: int = 1  # accept at least this many tokens per call, whatever the rule says
+    temperature: float = 0.0  # > 0: sample (one token per call), 0: greedy / blockwise
+    seed: int = 0
+
+    def check(self, model: ImageTransformerSR) -> None:
+        K = model.cfg.n_blockwise
+        if not 1 <= self.k <= K:
+            raise ValueError(f"k={self.k}: this model has {K} blockwise heads, so k must be in 1..{K}")
+        if self.rule not in RULES:
+            raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
+        if self.eps < 0:
+            raise ValueError(f"eps must be >= 0 intensity levels, got {self.eps}")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not 1 <= self.min_block <= self.k:
+            raise ValueError(f"min_block must be in 1..k={self.k}, got {self.min_block}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature > 0 and self.k != 1:
+            raise ValueError("sampling (temperature > 0) decodes one token per call: use k=1")
+
+    @property
+    def is_exact(self) -> bool:
+        """Output identical to greedy decoding (by construction; see tests)."""
+        return self.temperature == 0 and self.min_block == 1 and (
+            self.k == 1 or self.rule == "exact" or (self.rule == "eps" and self.eps == 0)
+            or (self.rule == "topk" and self.top_k == 1))
+
+
+@dataclass
+class DecodeStats:
+    calls: int  # model calls this image took part in (the first, prefix-free call included)
+    block_hist: list[int]  # block_hist[n-1] = number of steps that accepted n tokens
+    seconds: float  # wall time from the start of the decode until this image finished
+    tokens: int = SEQ_LEN
+
+    @property
+    def mean_block(self) -> float:
+        """Mean accepted block size: tokens per decoding step (the paper's Table 2 measure)."""
+        return self.tokens / max(1, sum(self.block_hist))
+
+    def to_dict(self) -> dict:
+        return {"calls": self.calls, "block_hist": self.block_hist, "seconds": self.seconds,
+                "mean_block": self.mean_block}
+
+
+@dataclass
+class DecodeResult:
+    images: np.ndarray  # (B, 32, 32, 3) uint8
+    stats: list[DecodeStats]
+    block_map: np.ndarray  # (B, 3072) length of the accepted block each token came from
+    seconds: float  # wall time of the whole batch
+    calls: int = 0  # batched model calls
+    extra: dict = field(default_factory=dict)
+
+
+def accepted_length(props: torch.Tensor, verify_logits: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:
+    """props: (B, k) proposals; verify_logits: (B, k, 256) p1 at the positions that predict
+    props[:, 1:] (the last row predicts the token after the block). Returns (B,) accepted counts
+    in 1..k: the sure first token plus the longest agreeing prefix of the rest."""
+    B, k = props.shape
+    if k == 1:
+        return torch.ones(B, dtype=torch.long, device=props.device)
+    p = props[:, 1:]
+    lg = verify_logits[:, : k - 1]
+    best = lg.argmax(-1)
+    if opts.rule == "oracle":
+        ok = torch.ones_like(p, dtype=torch.bool)
+    elif opts.rule == "exact":
+        ok = p == best
+    elif opts.rule == "eps":
+        ok = (p - best).abs() <= opts.eps
+    else:  # topk
+        ok = (lg.topk(opts.top_k, dim=-1).indices == p.unsqueeze(-1)).any(-1)
+    n = 1 + ok.long().cumprod(dim=1).sum(dim=1)
+    return n.clamp(min=opts.min_block)
+
+
+@torch.no_grad()
+def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, progress=None,
+           progress_every: int = 64) -> DecodeResult:
+    """Decode a batch of 8x8 inputs (B,8,8,3) uint8 into 32x32 faces.
+    progress(tokens (B,3072) np, done_counts (B,) np, block_map (B,3072) np, calls): called
+    every `progress_every` model calls, for live display."""
+    opts = opts or DecodeOptions()
+    opts.check(model)
+    lr = check_input(lr)
+    dev = next(model.parameters()).device
+    src = torch.from_numpy(to_tokens(lr)).to(dev)
+    B, k = src.shape[0], opts.k
+    t0 = time.perf_counter()
+
+    cache = model.new_cache(src, max_extra=max(16, k))
+    out = torch.zeros(B, SEQ_LEN + k, dtype=torch.long, device=dev)
+    bmap = torch.zeros(B, SEQ_LEN + k, dtype=torch.long, device=dev)
+    t = torch.zeros(B, dtype=torch.long, device=dev)  # confirmed tokens per image
+    hist = torch.zeros(B, k, dtype=torch.long)
+    calls = torch.ones(B, dtype=torch.long)
+    finish = np.zeros(B)
+    gen = _gumbel_source(B, opts, dev) if opts.temperature > 0 else None
+
+    h = model.step(cache, torch.full((B, 1), -1, dtype=torch.long, device=dev),
+                   torch.zeros(B, dtype=torch.long, device=dev))[:, 0]
+    props = _propose(model, h, k, opts, gen, t, torch.arange(B, device=dev))
+    rows = torch.arange(B, device=dev)
+    n_calls = 1
+    ar = torch.arange(k, device=dev)
+    while len(rows):
+        tr = t[rows]
+        remaining = SEQ_LEN - tr
+        last = remaining == 1  # only the sure token is left: no call needed
+        if last.any():
+            r = rows[last]
+            out[r, tr[last]] = props[last, 0]
+            bmap[r, tr[last]] = 1
+            hist[r.cpu(), 0] += 1
+            t[r] += 1
+            finish[r.cpu().numpy()] = time.perf_counter() - t0
+            keep = ~last
+            rows, props, tr, remaining = rows[keep], props[keep], tr[keep], remaining[keep]
+            if not len(rows):
+                break
+        h = model.step(cache, props, tr + 1, rows=None if len(rows) == B else rows)  # (b, k, d)
+        n_calls += 1
+        calls[rows.cpu()] += 1
+        if k > 1:
+            n = accepted_length(props, model.logits(h), opts)
+        else:
+            n = torch.ones(len(rows), dtype=torch.long, device=dev)
+        n = torch.minimum(n, remaining)
+        # write the accepted tokens (positions past n are masked out of the write)
+        pos = tr[:, None] + ar
+        keep_tok = ar[None, :] < n[:, None]
+        out[rows[:, None].expand(-1, k)[keep_tok], pos[keep_tok]] = props[keep_tok]
+        bmap[rows[:, None].expand(-1, k)[keep_tok], pos[keep_tok]] = n[:, None].expand(-1, k)[keep_tok]
+        hist[rows.cpu(), (n - 1).cpu()] += 1
+        t[rows] = tr + n
+        done = t[rows] >= SEQ_LEN
+        if done.any():
+            finish[rows[done].cpu().numpy()] = time.perf_counter() - t0
+        # the next block's proposals come from the state at the last accepted position
+        h_next = h[torch.arange(len(rows), device=dev), n - 1]
+        live = ~done
+        rows, h_next = rows[live], h_next[live]
+        if len(rows):
+            props = _propose(model, h_next, k, opts, gen, t[rows], rows)
+        if progress is not None and n_calls % progress_every == 0:
+            progress(out[:, :SEQ_LEN].cpu().numpy(), t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
+
+    seconds = time.perf_counter() - t0
+    tokens = out[:, :SEQ_LEN].clamp(0, 255).cpu().numpy()
+    stats = [DecodeStats(int(calls[i]), hist[i].tolist(), float(finish[i])) for i in range(B)]
+    if progress is not None:
+        progress(tokens, t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
+    return DecodeResult(from_tokens(tokens), stats, bmap[:, :SEQ_LEN].cpu().numpy().astype(np.uint8),
+                        seconds, n_calls)
+
+
+def _propose(model, h, k, opts, gen, t, rows):
+    """k proposals from the decoder state h (b, d) at confirmed position t."""
+    if opts.temperature > 0:
+        logits = model.logits(h).float() / opts.temperature
+        return (logits + gen[rows, t]).argmax(-1, keepdim=True)
+    return model.head_logits(h, k).argmax(-1)
+
+
+def _gumbel_source(B, opts, dev):
+    """Per-image Gumbel noise from a per-image generator (seed + index), so sampling with a seed
+    gives the same image whatever batch it is decoded in."""
+    noise = torch.empty(B, SEQ_LEN, 256)
+    for i in range(B):
+        g = torch.Generator().manual_seed(opts.seed * 1_000_003 + i)
+        u = torch.rand(SEQ_LEN, 256, generator=g).clamp_(1e-10, 1 - 1e-7)
+        noise[i] = -torch.log(-torch.log(u))
+    return noise.to(dev)
+
+
+def greedy(model, lr, **kw) -> DecodeResult:
+    return decode(model, lr, DecodeOptions(k=1), **kw)
+
+
+@torch.no_grad()
+def greedy_uncached(model: ImageTransformerSR, lr, max_tokens: int = SEQ_LEN) -> tuple[np.ndarray, float]:
+    """Greedy decoding as the paper's reference code runs it: no KV cache, every step re-runs the
+    whole prefix through the full forward. For timing only (slow: use max_tokens to time a
+    prefix). Returns (tokens (B, max_tokens), seconds)."""
+    lr = check_input(lr)
+    dev = next(model.parameters()).device
+    src = torch.from_numpy(to_tokens(lr)).to(dev)
+    B = src.shape[0]
+    tgt = torch.zeros(B, SEQ_LEN, dtype=torch.long, device=dev)
+    t0 = time.perf_counter()
+    L = model.cfg.block_len
+    for i in range(max_tokens):
+        T = (i // L + 1) * L  # the prefix, rounded up to whole attention blocks
+        h = model(src, tgt[:, :T])
+        tgt[:, i] = model.logits(h[:, i]).argmax(-1)
+    return tgt[:, :max_tokens].cpu().numpy(), time.perf_counter() - t0
+
+
+MODES = ("greedy", "exact", "approx", "sample")
+
+
+def options_for(mode: str, k: int = 6, eps: int = 2, temperature: float = 1.0, seed: int = 0) -> DecodeOptions:
+    """The user-facing modes: greedy (k=1), exact (blockwise, identical to greedy),
+    approx (blockwise, accept within eps levels), sample (temperature sampling)."""
+    if mode == "greedy":
+        return DecodeOptions(k=1)
+    if mode == "exact":
+        return DecodeOptions(k=k, rule="exact")
+    if mode == "approx":
+        return DecodeOptions(k=k, rule="eps", eps=eps)
+    if mode == "sample":
+        return DecodeOptions(k=1, temperature=temperature, seed=seed)
+    raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")

@@ -1,0 +1,408 @@
+"""The Image Transformer for 8x8 -> 32x32 super-resolution, with blockwise heads.
+
+Encoder: the 8x8x3 input as 192 channel tokens, full self-attention.
+Decoder: the 3072 target intensities in raster order (row, column, channel), shifted right,
+local 1D self-attention (query blocks of `block_len`, each sees itself causally plus the whole
+previous block), cross-attention to the encoder, a 256-way output per intensity.
+Blockwise heads (Stern et al. 2018): a feed-forward layer d -> groups*head_ff -> groups*d, each
+group added to the decoder output and layer-normed, all sharing the 256-way output projection.
+
+Deviations from the paper, each for a reason written next to it:
+- pre-norm instead of post-norm (trains stably in the short runs a 2-core CPU allows);
+- the head layer's second matrix is block lower-triangular ("nested heads"): group g only reads
+  hidden chunks 1..g, so one checkpoint trained with K heads is exactly a k-head model for every
+  k <= K, and the cost of k heads grows as k^2/2 instead of K^2;
+- head1="base" (default) makes p1 the untouched base logits, so a frozen base decodes exactly
+  like the base; head1="layer" routes p1 through the head layer as the paper does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+IMAGE_SIZE = 32
+INPUT_SIZE = 8
+CHANNELS = 3
+SEQ_LEN = IMAGE_SIZE * IMAGE_SIZE * CHANNELS  # 3072 target tokens
+SRC_LEN = INPUT_SIZE * INPUT_SIZE * CHANNELS  # 192 source tokens
+VOCAB = 256
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 128
+    n_heads: int = 4
+    d_ff: int = 512
+    n_enc_layers: int = 2
+    n_dec_layers: int = 4
+    block_len: int = 128  # local attention query block (the paper's query_shape)
+    n_blockwise: int = 10  # K: how many tokens the heads propose (1 = plain base model)
+    head_ff: int = 128  # hidden width per head group in the blockwise layer
+    head1: str = "base"  # "base": p1 = base logits; "layer": p1 also goes through the head layer
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if SEQ_LEN % self.block_len:
+            raise ValueError(f"block_len={self.block_len} must divide {SEQ_LEN}")
+        if not 1 <= self.n_blockwise <= 16:
+            raise ValueError(f"n_blockwise must be in 1..16, got {self.n_blockwise}")
+        if self.head1 not in ("base", "layer"):
+            raise ValueError(f"head1 must be 'base' or 'layer', got {self.head1!r}")
+
+    @property
+    def n_groups(self) -> int:
+        """Head groups in the blockwise layer (head 1 needs none when it is the base)."""
+        return self.n_blockwise - 1 if self.head1 == "base" else self.n_blockwise
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown model config fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+PRESETS = {
+    # a few seconds to build; for tests
+    "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_enc_layers=1, n_dec_layers=2,
+                        block_len=64, n_blockwise=10, head_ff=16),
+    # the shipped model: 3.4M parameters, ~5 training images/s on 2 Zen 5 cores in bf16, about
+    # one epoch of the training split per 2 hours; greedy decode ~1 ms per token
+    "cpu": ModelConfig(),
+    # img2img_transformer_b3 from PAPER.md, for GPU users
+    "paper": ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_enc_layers=4, n_dec_layers=8,
+                         block_len=128, n_blockwise=10, head_ff=2048, head1="layer", dropout=0.1),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name].to_dict(), **overrides})
+
+
+# ---------------------------------------------------------------- positions of the target tokens
+
+def target_coords() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row, col, channel) of each of the 3072 target positions, raster order."""
+    t = torch.arange(SEQ_LEN)
+    return t // (IMAGE_SIZE * CHANNELS), (t // CHANNELS) % IMAGE_SIZE, t % CHANNELS
+
+
+def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_len: int) -> torch.Tensor:
+    """True where query position q may attend key position k under block-local causal attention:
+    k <= q and k lies in q's block or the block before it."""
+    q = q_pos.unsqueeze(-1)
+    k = k_pos.unsqueeze(-2)
+    return (k <= q) & (k >= (q // block_len - 1) * block_len)
+
+
+# ---------------------------------------------------------------- layers
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, cross: bool = False):
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        self.cross = cross
+        if cross:
+            self.q = nn.Linear(d, d)
+            self.kv = nn.Linear(d, 2 * d)
+        else:
+            self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.dropout = cfg.dropout
+
+    def split(self, x):  # (B, T, d) -> (B, H, T, hd)
+        B, T, d = x.shape
+        return x.view(B, T, self.n_heads, d // self.n_heads).transpose(1, 2)
+
+    def merge(self, x):  # (B, H, T, hd) -> (B, T, d)
+        B, H, T, hd = x.shape
+        return x.transpose(1, 2).reshape(B, T, H * hd)
+
+    def attend(self, q, k, v, mask=None):
+        p = self.dropout if self.training else 0.0
+        return self.merge(F.scaled_dot_product_attention(self.split(q), self.split(k), self.split(v),
+                                                         attn_mask=mask, dropout_p=p))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.ff = FeedForward(cfg)
+
+    def forward(self, x):
+        q, k, v = self.attn.qkv(self.ln1(x)).chunk(3, dim=-1)
+        x = x + self.attn.out(self.attn.attend(q, k, v))
+        return x + self.ff(self.ln2(x))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.drop(self.down(F.gelu(self.up(x))))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.block_len = cfg.block_len
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.self_attn = Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.cross_attn = Attention(cfg, cross=True)
+        self.ln3 = nn.LayerNorm(cfg.d_model)
+        self.ff = FeedForward(cfg)
+
+    def local_self_attention(self, x):
+        """Training / full forward: attention computed block by block. Each block of L queries
+        attends to 2L keys (previous block + itself) instead of the whole sequence."""
+        B, T, d = x.shape
+        L = self.block_len
+        nb = T // L
+        q, k, v = self.self_attn.qkv(x).chunk(3, dim=-1)
+        H, hd = self.self_attn.n_heads, d // self.self_attn.n_heads
+
+        def blocks(t):  # (B, T, d) -> (B*nb, H, L, hd)
+            return t.view(B, nb, L, H, hd).permute(0, 1, 3, 2, 4).reshape(B * nb, H, L, hd)
+
+        qb, kb, vb = blocks(q), blocks(k), blocks(v)
+        # keys of block i = [block i-1, block i]; block 0's "previous block" is masked out
+        kb = kb.view(B, nb, H, L, hd)
+        vb = vb.view(B, nb, H, L, hd)
+        k_prev = torch.cat([torch.zeros_like(kb[:, :1]), kb[:, :-1]], dim=1)
+        v_prev = torch.cat([torch.zeros_like(vb[:, :1]), vb[:, :-1]], dim=1)
+        k2 = torch.cat([k_prev, kb], dim=3).view(B * nb, H, 2 * L, hd)
+        v2 = torch.cat([v_prev, vb], dim=3).view(B * nb, H, 2 * L, hd)
+        mask = self._block_mask(nb, L, x.device)  # (nb, L, 2L)
+        mask = mask.unsqueeze(0).expand(B, nb, L, 2 * L).reshape(B * nb, 1, L, 2 * L)
+        p = self.self_attn.dropout if self.training else 0.0
+        o = F.scaled_dot_product_attention(qb, k2, v2, attn_mask=mask, dropout_p=p)
+        o = o.view(B, nb, H, L, hd).permute(0, 1, 3, 2, 4).reshape(B, T, d)
+        return self.self_attn.out(o)
+
+    @staticmethod
+    def _block_mask(nb, L, device):
+        i = torch.arange(L, device=device)[:, None]
+        j = torch.arange(2 * L, device=device)[None, :]
+        m = (j <= i + L).expand(nb, L, 2 * L).clone()  # causal within the block, prev block whole
+        m[0, :, :L] = False  # block 0 has no previous block
+        return m
+
+    def forward(self, x, enc_k, enc_v):
+        x = x + self.local_self_attention(self.ln1(x))
+        x = x + self.cross_attn.out(self.cross_attn.attend(self.cross_attn.q(self.ln2(x)), enc_k, enc_v))
+        return x + self.ff(self.ln3(x))
+
+
+class BlockwiseHeads(nn.Module):
+    """d -> G*head_ff -> G*d, group g residual + LayerNorm; W2 block lower-triangular (nested)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        G, f, d = cfg.n_groups, cfg.head_ff, cfg.d_model
+        self.G, self.f, self.d = G, f, d
+        self.up = nn.Linear(d, G * f)
+        self.down = nn.Linear(G * f, G * d)
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(G))
+        rows = torch.arange(G).repeat_interleave(d)[:, None]
+        cols = torch.arange(G).repeat_interleave(f)[None, :]
+        self.register_buffer("tri_mask", (cols <= rows).float(), persistent=False)
+        self.premasked = False  # set by ImageTransformerSR.for_inference
+        with torch.no_grad():  # start each group near "identity" so heads begin as copies of p1
+            self.down.weight.mul_(0.1)
+
+    def forward(self, h, n_groups: int | None = None):
+        """h: (..., d) -> (..., g, d) normalized states of the first g groups."""
+        g = self.G if n_groups is None else n_groups
+        W1, b1 = self.up.weight[: g * self.f], self.up.bias[: g * self.f]
+        W2 = self.down.weight if self.premasked else self.down.weight * self.tri_mask
+        W2 = W2[: g * self.d, : g * self.f]
+        b2 = self.down.bias[: g * self.d]
+        z = F.linear(F.gelu(F.linear(h, W1, b1)), W2, b2)
+        z = z.view(*h.shape[:-1], g, self.d) + h.unsqueeze(-2)
+        return torch.stack([self.norms[i](z[..., i, :]) for i in range(g)], dim=-2)
+
+
+# ---------------------------------------------------------------- the model
+
+class ImageTransformerSR(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        # per-channel intensity embeddings: 256 values x 3 channels (+1 start token for the decoder)
+        self.src_emb = nn.Embedding(VOCAB * CHANNELS, d)
+        self.src_pos = nn.Parameter(torch.randn(SRC_LEN, d) * 0.02)  # 8x8x3 positions, learned
+        self.tgt_emb = nn.Embedding(VOCAB * CHANNELS + 1, d)
+        self.row_emb = nn.Embedding(IMAGE_SIZE, d)
+        self.col_emb = nn.Embedding(IMAGE_SIZE, d)
+        self.ch_emb = nn.Embedding(CHANNELS, d)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
+        self.enc_ln = nn.LayerNorm(d)
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
+        self.dec_ln = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, VOCAB, bias=False)
+        self.heads = BlockwiseHeads(cfg) if cfg.n_groups > 0 else None
+        self.apply(self._init)
+        r, c, ch = target_coords()
+        self.register_buffer("tgt_r", r, persistent=False)
+        self.register_buffer("tgt_c", c, persistent=False)
+        self.register_buffer("tgt_ch", ch, persistent=False)
+        self.register_buffer("src_ch", torch.arange(SRC_LEN) % CHANNELS, persistent=False)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    # --- pieces shared by the full and the incremental forward
+
+    def encode(self, src: torch.Tensor) -> torch.Tensor:
+        """src: (B, 192) long intensities of the 8x8 input in raster (row, col, channel) order."""
+        x = self.src_emb(src + VOCAB * self.src_ch) + self.src_pos
+        for layer in self.encoder:
+            x = layer(x)
+        return self.enc_ln(x)
+
+    def cross_kv(self, enc: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [layer.cross_attn.kv(enc).chunk(2, dim=-1) for layer in self.decoder]
+
+    def embed_targets(self, prev_tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """prev_tokens: (B, T) the token before each position (-1 = start); pos: (B, T) positions."""
+        prev_ch = (pos - 1) % CHANNELS
+        idx = torch.where(prev_tokens < 0, VOCAB * CHANNELS, prev_tokens + VOCAB * prev_ch)
+        return self.tgt_emb(idx) + self.row_emb(self.tgt_r[pos]) + self.col_emb(self.tgt_c[pos]) \
+            + self.ch_emb(self.tgt_ch[pos])
+
+    def out_proj(self, z: torch.Tensor) -> torch.Tensor:
+        # the 256-way projection runs in the lm_head's dtype (kept fp32 for inference) so that
+        # bf16 rounding of logits does not create argmax ties
+        return self.lm_head(z.to(self.lm_head.weight.dtype))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """p1's logits from the final decoder state h (..., d)."""
+        if self.cfg.head1 == "base":
+            return self.out_proj(h)
+        return self.out_proj(self.heads(h, 1)[..., 0, :])
+
+    def head_logits(self, h: torch.Tensor, k: int) -> torch.Tensor:
+        """All k heads' logits from the decoder state h (..., d) -> (..., k, 256).
+        Head j predicts the token j-1 positions after the one p1 predicts."""
+        if self.cfg.head1 == "base":
+            base = self.out_proj(h).unsqueeze(-2)
+            if k == 1:
+                return base
+            return torch.cat([base, self.out_proj(self.heads(h, k - 1))], dim=-2)
+        return self.out_proj(self.heads(h, k))
+
+    # --- full (teacher-forced) forward, used for training and for checking the cache
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        """src: (B, 192), tgt: (B, T) long, T a multiple of block_len (3072 for a whole image; a
+        shorter prefix gives the same states for its positions). Returns states (B, T, d)."""
+        B, T = tgt.shape
+        enc = self.encode(src)
+        prev = torch.cat([torch.full((B, 1), -1, dtype=tgt.dtype, device=tgt.device), tgt[:, :-1]], 1)
+        pos = torch.arange(T, device=tgt.device).expand(B, T)
+        x = self.embed_targets(prev, pos)
+        for layer, (ek, ev) in zip(self.decoder, self.cross_kv(enc)):
+            x = layer(x, ek, ev)
+        return self.dec_ln(x)
+
+    # --- incremental forward with a preallocated KV cache
+
+    def for_inference(self, dtype: torch.dtype = torch.bfloat16) -> "ImageTransformerSR":
+        """Cast for decoding: everything in `dtype` except the output projection (fp32)."""
+        self.eval().to(dtype)
+        self.lm_head.float()
+        if self.heads is not None:  # the masked head matrix, once, not at every call
+            with torch.no_grad():
+                self.heads.down.weight.mul_(self.heads.tri_mask.to(dtype))
+            self.heads.premasked = True
+        return self
+
+    def new_cache(self, src: torch.Tensor, max_extra: int = 16) -> "KVCache":
+        return KVCache(self, src, max_extra)
+
+    def step(self, cache: "KVCache", tokens: torch.Tensor, pos: torch.Tensor,
+             rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed n decoder inputs per image. tokens: (B, n) the previous token of each position
+        (-1 = start), pos: (B,) the first position of each image's n inputs, rows: which images
+        of the cache these are (default all). K/V are written at their positions; each query reads
+        only its local window. Returns the final decoder states (B, n, d).
+
+        The window has a fixed width (2 blocks + cache.max_extra) whatever n is, so a 1-token and
+        a k-token call reduce over the same number of keys: this keeps the numerics of greedy and
+        blockwise calls alike, which is what keeps exact mode exact in bf16."""
+        B, n = tokens.shape
+        if n > cache.max_extra:
+            raise ValueError(f"step got {n} tokens per image; the cache allows {cache.max_extra}")
+        L = self.cfg.block_len
+        dev = tokens.device
+        qpos = pos[:, None] + torch.arange(n, device=dev)  # (B, n)
+        x = self.embed_targets(tokens, qpos.clamp(max=SEQ_LEN - 1))
+        W = 2 * L + cache.max_extra
+        lo = ((pos // L - 1) * L).clamp(min=0)
+        kpos = lo[:, None] + torch.arange(W, device=dev)  # (B, W)
+        mask = local_mask(qpos, kpos, L).unsqueeze(1)  # (B, 1, n, W)
+        bidx = (torch.arange(B, device=dev) if rows is None else rows)[:, None]
+        for i, layer in enumerate(self.decoder):
+            a = layer.self_attn
+            q, k, v = a.qkv(layer.ln1(x)).chunk(3, dim=-1)
+            cache.k[i][bidx, qpos] = k
+            cache.v[i][bidx, qpos] = v
+            x = x + a.out(a.attend(q, cache.k[i][bidx, kpos], cache.v[i][bidx, kpos], mask))
+            c = layer.cross_attn
+            ek, ev = cache.enc_k[i], cache.enc_v[i]
+            if rows is not None:
+                ek, ev = ek[rows], ev[rows]
+            x = x + c.out(c.attend(c.q(layer.ln2(x)), ek, ev))
+            x = x + layer.ff(layer.ln3(x))
+        return self.dec_ln(x)
+
+
+class KVCache:
+    """Preallocated per-layer decoder K/V (B, 3072 + 2*block_len + extra, d), plus the encoder's
+    cross-attention K/V computed once per image. Positions past the image end exist so that
+    proposals near the end can be written; their keys are never read by a real position.
+    Rejected proposals are simply overwritten when the position reaches them again."""
+
+    def __init__(self, model: ImageTransformerSR, src: torch.Tensor, max_extra: int):
+        cfg = model.cfg
+        B = src.shape[0]
+        dtype = next(model.parameters()).dtype
+        if torch.is_autocast_cpu_enabled() or (src.is_cuda and torch.is_autocast_enabled()):
+            dtype = torch.get_autocast_dtype(src.device.type)
+        self.max_extra = max_extra
+        size = SEQ_LEN + 3 * cfg.block_len + 2 * max_extra  # room for windows past the end
+        self.k = [torch.zeros(B, size, cfg.d_model, dtype=dtype, device=src.device)
+                  for _ in model.decoder]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        enc = model.encode(src)
+        kv = model.cross_kv(enc)
+        self.enc_k = [k for k, _ in kv]
+        self.enc_v = [v for _, v in kv]

@@ -1,0 +1,288 @@
+"""Training: the base model, blockwise heads on a frozen base, and joint fine-tuning.
+
+Stages (--stage):
+  base      next-intensity loss for the base; the heads train at the same time on the *detached*
+            decoder state, so they never change the base: this is "heads on a frozen base" for
+            free, sharing the one trunk forward.
+  heads     base frozen (no gradient, trunk run under no_grad), only the heads train.
+  finetune  base and heads jointly (the paper's fine-tuned setting); --distill FILE trains on the
+            base model's own greedy outputs (sequence-level distillation).
+Head loss: sum over all heads (default) or one random head per step (the paper's choice), on a
+random subset of positions (--head-frac) so the heads cost a fraction of the trunk.
+
+Resumable: a checkpoint (model, optimizer, step, data order, RNG) every few minutes and on Ctrl-C,
+written atomically; --resume continues. Runs under torchrun (DDP, gloo on CPU, nccl on CUDA).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .data import downsample_8, load_faces, to_tokens
+from .model import SEQ_LEN, ImageTransformerSR, ModelConfig, preset
+
+CACHE_DIR = Path(os.environ.get("SR_BLOCKWISE_CACHE", Path.home() / ".cache" / "sr-blockwise"))
+
+
+@dataclass
+class TrainConfig:
+    run: str = "cpu-base"  # checkpoints go to CACHE_DIR/run
+    preset: str = "cpu"
+    stage: str = "base"  # base | heads | finetune
+    data: str | None = None  # default: ../shared/data/celeba32.npz
+    distill: str | None = None  # .npz of greedy outputs (images, lr) for distillation
+    init_from: str | None = None  # a checkpoint or shipped weights to start from (new optimizer)
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 500
+    weight_decay: float = 0.0
+    head_loss: str = "sum"  # sum | random
+    head_frac: float = 0.25  # fraction of positions the head loss uses
+    head_weight: float = 1.0  # weight of the head loss against p1's
+    max_steps: int = 10**9
+    max_minutes: float = 1e9
+    ckpt_minutes: float = 5.0
+    eval_minutes: float = 10.0
+    eval_images: int = 64
+    seed: int = 0
+    device: str = "cpu"
+    bf16: bool = True
+    threads: int = 0  # 0: torch default
+
+    def __post_init__(self):
+        if self.stage not in ("base", "heads", "finetune"):
+            raise ValueError(f"stage must be base, heads or finetune, got {self.stage!r}")
+        if self.head_loss not in ("sum", "random"):
+            raise ValueError(f"head_loss must be sum or random, got {self.head_loss!r}")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Noam-style: linear warmup, then 1/sqrt decay (no end date, so runs can be resumed)."""
+    s = max(step, 1)
+    return cfg.lr * min(s / cfg.warmup, math.sqrt(cfg.warmup / s))
+
+
+def losses(model: ImageTransformerSR, src, tgt, cfg: TrainConfig, gen: torch.Generator):
+    """Returns (p1 loss in nats/token, head loss, per-head losses list or None)."""
+    m = model.module if hasattr(model, "module") else model
+    if cfg.stage == "heads":
+        with torch.no_grad():
+            h = model(src, tgt)
+    else:
+        h = model(src, tgt)
+    base_loss = F.cross_entropy(m.logits(h).float().flatten(0, 1), tgt.flatten())
+    G = m.cfg.n_groups
+    if G == 0 or m.heads is None:
+        return base_loss, torch.zeros((), device=h.device), None
+    hh = h.detach() if cfg.stage == "base" else h
+    B = tgt.shape[0]
+    n_pos = max(1, int(SEQ_LEN * cfg.head_frac))
+    pos = torch.randperm(SEQ_LEN, generator=gen)[:n_pos].to(h.device)
+    hs = hh[:, pos]  # (B, P, d)
+    off0 = 1 if m.cfg.head1 == "base" else 0  # group i predicts the token (i + off0) ahead
+    if cfg.head_loss == "random":
+        gi = int(torch.randint(G, (1,), generator=gen))
+        groups = [gi]
+        z = m.heads(hs, gi + 1)[:, :, gi : gi + 1]  # nested: group gi needs only groups <= gi
+    else:
+        groups = list(range(G))
+        z = m.heads(hs, G)
+    logits = m.lm_head(z).float()  # (B, P, g, 256)
+    per_head = []
+    for j, gi in enumerate(groups):
+        ahead = gi + off0
+        tpos = pos + ahead
+        valid = tpos < SEQ_LEN
+        target = tgt[:, tpos.clamp(max=SEQ_LEN - 1)]
+        l = F.cross_entropy(logits[:, :, j][:, valid].flatten(0, 1), target[:, valid].flatten())
+        per_head.append(l)
+    head_loss = torch.stack(per_head).sum() if cfg.head_loss == "sum" else per_head[0] * G
+    return base_loss, head_loss, [float(x) for x in per_head]
+
+
+@torch.no_grad()
+def bits_per_dim(model: ImageTransformerSR, images32: np.ndarray, batch_size: int = 8,
+                 bf16: bool = True, device: str = "cpu") -> float:
+    """Held-out negative log-likelihood of p1 in bits per intensity."""
+    m = model.module if hasattr(model, "module") else model
+    was_training = m.training
+    m.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(images32), batch_size):
+        x = images32[i : i + batch_size]
+        src = torch.from_numpy(to_tokens(downsample_8(x))).to(device)
+        tgt = torch.from_numpy(to_tokens(x)).to(device)
+        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+            h = m(src, tgt)
+        total += F.cross_entropy(m.logits(h).float().flatten(0, 1), tgt.flatten(), reduction="sum").item()
+        count += tgt.numel()
+    m.train(was_training)
+    return total / count / math.log(2)
+
+
+def save_checkpoint(path: Path, model, opt, step: int, cfg: TrainConfig, extra: dict) -> None:
+    m = model.module if hasattr(model, "module") else model
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "step": step,
+                "model_config": m.cfg.to_dict(), "train_config": asdict(cfg), **extra}, tmp)
+    os.replace(tmp, path)  # atomic: a crash mid-save never leaves a broken checkpoint
+
+
+def load_checkpoint(path: Path) -> dict:
+    # weights_only: a checkpoint is plain tensors and numbers, never arbitrary pickled objects
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def init_model(cfg: TrainConfig) -> ImageTransformerSR:
+    if cfg.init_from:
+        from .checkpoints import load_model
+        model = load_model(cfg.init_from, dtype=torch.float32, for_inference=False)
+        want = preset(cfg.preset)
+        for f in ("d_model", "n_heads", "d_ff", "n_enc_layers", "n_dec_layers", "block_len"):
+            if getattr(model.cfg, f) != getattr(want, f):
+                raise ValueError(f"--init-from {cfg.init_from}: its {f}={getattr(model.cfg, f)} does not "
+                                 f"match preset {cfg.preset!r} ({getattr(want, f)})")
+        return model
+    return ImageTransformerSR(preset(cfg.preset))
+
+
+def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
+    ddp = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+    rank, world = 0, 1
+    if ddp:
+        dist.init_process_group("nccl" if cfg.device.startswith("cuda") else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if cfg.device.startswith("cuda"):
+            cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    run_dir = CACHE_DIR / cfg.run
+    ckpt_path = run_dir / "last.pt"
+    if resume and not ckpt_path.exists():
+        raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
+    if not resume and ckpt_path.exists():
+        raise FileExistsError(f"{ckpt_path} exists: pass --resume to continue it, or use another --run "
+                              "(an existing checkpoint is never overwritten by a fresh run)")
+
+    faces = load_faces(cfg.data)
+    train_set, val_set = faces.part("train"), faces.part("val")
+    if len(train_set) == 0:
+        raise ValueError(f"{cfg.data or 'default data'}: the training split is empty")
+    train_imgs, train_lr = train_set.images, downsample_8(train_set.images)
+    if cfg.distill:  # distillation: inputs stay the real 8x8, targets are the base model's outputs
+        with np.load(cfg.distill, allow_pickle=False) as d:
+            train_imgs, train_lr = d["images"], d["lr"]
+        if len(train_imgs) == 0:
+            raise ValueError(f"{cfg.distill}: no distillation targets")
+    val_imgs = (val_set if len(val_set) else faces.part("train")).images[: cfg.eval_images]
+
+    model = init_model(cfg)
+    model.train()
+    model.to(cfg.device)
+    if cfg.stage == "heads":
+        for name, p in model.named_parameters():
+            p.requires_grad = name.startswith("heads.")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=cfg.weight_decay)
+    step, log_rows, best = 0, [], float("inf")
+    if resume:
+        ck = load_checkpoint(ckpt_path)
+        if ck["model_config"] != model.cfg.to_dict():
+            raise ValueError(f"{ckpt_path}: checkpoint config {ck['model_config']} does not match "
+                             f"this run's model config {model.cfg.to_dict()}")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, best = ck["step"], ck.get("best_val_bpd", float("inf"))
+    dmodel = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if ddp else model
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "log.csv"
+    if rank == 0:
+        (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    n = len(train_imgs)
+    per_epoch = n // (cfg.batch_size * world)
+    stop = {"flag": False}
+
+    def on_sigint(sig, frame):
+        stop["flag"] = True  # finish the step, checkpoint, exit
+
+    old_handler = signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGTERM, on_sigint)
+    t_start = time.time()
+    last_ckpt = last_eval = time.time()
+    steps_this_run = 0
+    imgs_seen = 0
+    bar = tqdm(total=cfg.max_steps if cfg.max_steps < 10**9 else None, initial=step,
+               disable=not progress or rank != 0, unit="step", dynamic_ncols=True)
+    last = {}
+    try:
+        while step < cfg.max_steps and (time.time() - t_start) / 60 < cfg.max_minutes and not stop["flag"]:
+            epoch, i = divmod(step, per_epoch)
+            # data order is a pure function of (seed, epoch, step): resuming continues exactly
+            perm = np.random.default_rng([cfg.seed, epoch]).permutation(n)
+            idx = perm[(i * world + rank) * cfg.batch_size : (i * world + rank + 1) * cfg.batch_size]
+            src = torch.from_numpy(to_tokens(train_lr[idx])).to(cfg.device)
+            tgt = torch.from_numpy(to_tokens(train_imgs[idx])).to(cfg.device)
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step + 1, cfg)
+            with torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16):
+                base_loss, head_loss, per_head = losses(dmodel, src, tgt, cfg, gen)
+            w_base = 0.0 if cfg.stage == "heads" else 1.0
+            loss = w_base * base_loss + cfg.head_weight * head_loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            steps_this_run += 1
+            imgs_seen += len(idx) * world
+            elapsed = time.time() - t_start
+            last = {"step": step, "minutes": elapsed / 60, "lr": lr_at(step, cfg),
+                    "bpd_train": base_loss.item() / math.log(2), "head_loss": head_loss.item(),
+                    "imgs_per_s": imgs_seen / elapsed, "per_head": per_head}
+            bar.update(1)
+            bar.set_postfix(bpd=f"{last['bpd_train']:.3f}", heads=f"{last['head_loss']:.2f}",
+                            ips=f"{last['imgs_per_s']:.2f}")
+            now = time.time()
+            if rank == 0 and now - last_eval > cfg.eval_minutes * 60:
+                last["val_bpd"] = bits_per_dim(model, val_imgs, bf16=cfg.bf16, device=cfg.device)
+                best = min(best, last["val_bpd"])
+                tqdm.write(f"step {step}: val bits/dim {last['val_bpd']:.4f}")
+                last_eval = time.time()
+            if rank == 0 and step % 10 == 0 or "val_bpd" in last:
+                _append_log(log_path, last) if rank == 0 else None
+            if rank == 0 and now - last_ckpt > cfg.ckpt_minutes * 60:
+                save_checkpoint(ckpt_path, dmodel, opt, step, cfg, {"best_val_bpd": best})
+                last_ckpt = time.time()
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+        bar.close()
+        if rank == 0 and steps_this_run:
+            save_checkpoint(ckpt_path, dmodel, opt, step, cfg, {"best_val_bpd": best})
+        if ddp:
+            dist.destroy_process_group()
+    return {"step": step, "run_dir": str(run_dir), **{k: v for k, v in last.items() if k != "per_head"}}
+
+
+def _append_log(path: Path, row: dict) -> None:
+    fields = ["step", "minutes", "lr", "bpd_train", "head_loss", "imgs_per_s", "val_bpd"]
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerow(row)

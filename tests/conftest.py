@@ -1,0 +1,37 @@
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+
+from sr_blockwise.checkpoints import save_weights
+from sr_blockwise.data import DEFAULT_DATA
+from sr_blockwise.model import ImageTransformerSR, preset
+
+
+def make_tiny(seed: int = 0, **overrides) -> ImageTransformerSR:
+    torch.manual_seed(seed)
+    return ImageTransformerSR(preset("tiny", **overrides)).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tmp_path_factory) -> str:
+    """A random `tiny` model saved as shipped weights would be: path of its .json."""
+    out = tmp_path_factory.mktemp("weights") / "tiny-random"
+    return str(save_weights(make_tiny(0), out, {"note": "random tiny model for tests"}))
+
+
+@pytest.fixture(scope="session")
+def celeba_npz():
+    path = DEFAULT_DATA / "celeba32.npz"
+    if not path.exists():
+        pytest.skip(f"CelebA data not found at {path}")
+    return path
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
