@@ -16,9 +16,25 @@ def cmd_train(a):
     print(train(cfg, resume=a.resume, progress=not a.quiet))
 
 
+# Each of these modules has `register(subparsers)` adding its subcommands (with set_defaults(func=...)).
+SUBCOMMAND_MODULES = [
+    "sr_blockwise.cli_core",  # prepare, weights, bench-decode, export, distill
+    "sr_blockwise.cli_upscale",  # upscale
+    "sr_blockwise.cli_evaluate",  # evaluate
+    "apps.demo",  # demo
+    "apps.rating",  # rate build / serve / analyze
+]
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+    import importlib.util
+
     p = argparse.ArgumentParser(prog="sr-blockwise", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMAND_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name).register(sub)
 
     t = sub.add_parser("train", help="train the base model / blockwise heads (resumable)")
     t.add_argument("--run", default="cpu-base", help="run name: checkpoints in ~/.cache/sr-blockwise/RUN")
