@@ -110,10 +110,10 @@ def accepted_length(props: torch.Tensor, verify_logits: torch.Tensor, opts: Deco
 
 @torch.no_grad()
 def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, progress=None,
-           progress_every: int = 64) -> DecodeResult:
+           progress_every: int = 64, proposer=None) -> DecodeResult:
     """Decode a batch of 8x8 inputs (B,8,8,3) uint8 into 32x32 faces.
     progress(tokens (B,3072) np, done_counts (B,) np, block_map (B,3072) np, calls): called
-    every `progress_every` model calls, for live display."""
+    every `progress_every` model calls, for live display. proposer: see _propose."""
     opts = opts or DecodeOptions()
     opts.check(model)
     lr = check_input(lr)
@@ -133,7 +133,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
 
     h = model.step(cache, torch.full((B, 1), -1, dtype=torch.long, device=dev),
                    torch.zeros(B, dtype=torch.long, device=dev))[:, 0]
-    props = _propose(model, h, k, opts, gen, t, torch.arange(B, device=dev))
+    props = _propose(model, h, k, opts, gen, t, torch.arange(B, device=dev), proposer)
     rows = torch.arange(B, device=dev)
     n_calls = 1
     ar = torch.arange(k, device=dev)
@@ -175,7 +175,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         live = ~done
         rows, h_next = rows[live], h_next[live]
         if len(rows):
-            props = _propose(model, h_next, k, opts, gen, t[rows], rows)
+            props = _propose(model, h_next, k, opts, gen, t[rows], rows, proposer)
         if progress is not None and n_calls % progress_every == 0:
             progress(out[:, :SEQ_LEN].cpu().numpy(), t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
 
@@ -188,12 +188,17 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
                         seconds, n_calls)
 
 
-def _propose(model, h, k, opts, gen, t, rows):
-    """k proposals from the decoder state h (b, d) at confirmed position t."""
+def _propose(model, h, k, opts, gen, t, rows, proposer=None):
+    """k proposals from the decoder state h (b, d) at confirmed position t. The first is always
+    p1's own choice (so it needs no verification); the others come from the heads, or from
+    `proposer(t, rows, k)` -> (b, k-1) tokens when one is given (e.g. a draft model)."""
     if opts.temperature > 0:
         logits = model.logits(h).float() / opts.temperature
         return (logits + gen[rows, t]).argmax(-1, keepdim=True)
-    return model.head_logits(h, k).argmax(-1)
+    if proposer is None:
+        return model.head_logits(h, k).argmax(-1)
+    first = model.logits(h).argmax(-1, keepdim=True)
+    return torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first
 
 
 def _gumbel_source(B, opts, dev):

@@ -395,7 +395,7 @@ class KVCache:
         cfg = model.cfg
         B = src.shape[0]
         dtype = next(model.parameters()).dtype
-        if torch.is_autocast_cpu_enabled() or (src.is_cuda and torch.is_autocast_enabled()):
+        if torch.is_autocast_enabled(src.device.type):
             dtype = torch.get_autocast_dtype(src.device.type)
         self.max_extra = max_extra
         size = SEQ_LEN + 3 * cfg.block_len + 2 * max_extra  # room for windows past the end

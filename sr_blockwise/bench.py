@@ -1,0 +1,134 @@
+"""Decoding benchmarks: what one model call costs against the tokens it verifies, and seconds per
+image for greedy and blockwise decoding (with an oracle run: every proposal accepted, the upper
+bound on speedup for that k). Variants are compared as ratios within one run: machines are noisy.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .decoding import DecodeOptions, decode
+from .model import ImageTransformerSR, preset
+
+
+def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: int = 50, pos: int = 1500) -> float:
+    """Median seconds of one incremental call feeding n_tokens per image at a mid-image position."""
+    src = torch.randint(0, 256, (batch, 192))
+    toks = torch.randint(0, 256, (batch, n_tokens))
+    p = torch.full((batch,), pos)
+    times = []
+    with torch.no_grad():
+        cache = model.new_cache(src, max_extra=16)
+        for i in range(reps + 5):
+            t0 = time.perf_counter()
+            h = model.step(cache, toks, p)
+            model.logits(h).argmax(-1)
+            model.head_logits(h[:, 0], max(1, n_tokens - 1))  # the next block's proposals
+            if i >= 5:
+                times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def call_cost_table(model_fp32: ImageTransformerSR, max_k: int = 10, reps: int = 50) -> list[dict]:
+    rows = []
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        m = _copy_for(model_fp32, dtype)
+        base = time_call(m, 1, reps=reps)
+        for n in range(1, max_k + 2):
+            s = base if n == 1 else time_call(m, n, reps=reps)
+            rows.append({"dtype": name, "tokens": n, "ms": s * 1e3, "vs_1_token": s / base})
+    return rows
+
+
+def _copy_for(model_fp32: ImageTransformerSR, dtype) -> ImageTransformerSR:
+    m = ImageTransformerSR(model_fp32.cfg)
+    m.load_state_dict(model_fp32.state_dict())
+    return m.for_inference(dtype)
+
+
+def decode_table(model: ImageTransformerSR, lr: np.ndarray, ks=(2, 4, 6, 8, 10),
+                 modes=("exact", "eps=2", "oracle")) -> list[dict]:
+    """Seconds per image for greedy and each (k, mode), batch as given; speedup vs greedy."""
+    g = decode(model, lr, DecodeOptions(k=1))
+    g_s = g.seconds / len(lr)
+    rows = [{"mode": "greedy", "k": 1, "s_per_image": g_s, "calls": g.stats[0].calls,
+             "mean_block": 1.0, "speedup": 1.0, "ideal": 1.0}]
+    for k in ks:
+        if k > model.cfg.n_blockwise:
+            continue
+        for mode in modes:
+            if mode == "exact":
+                opts = DecodeOptions(k=k)
+            elif mode == "oracle":
+                opts = DecodeOptions(k=k, rule="oracle")
+            else:
+                opts = DecodeOptions(k=k, rule="eps", eps=int(mode.split("=")[1]))
+            r = decode(model, lr, opts)
+            mb = float(np.mean([s.mean_block for s in r.stats]))
+            s = r.seconds / len(lr)
+            rows.append({"mode": mode, "k": k, "s_per_image": s,
+                         "calls": float(np.mean([st.calls for st in r.stats])), "mean_block": mb,
+                         "speedup": g_s / s, "ideal": mb, "of_ideal": (g_s / s) / mb})
+    return rows
+
+
+def machine() -> str:
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def print_table(rows: list[dict], cols: list[str]) -> str:
+    def fmt(v):
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | None, ks, data=None) -> dict:
+    from .checkpoints import load_model
+    from .data import downsample_8, load_faces
+
+    if weights:
+        fp32 = load_model(weights, dtype=torch.float32, for_inference=False)
+        label = weights
+    else:  # the cpu preset's cost does not depend on training: random weights time the same
+        torch.manual_seed(0)
+        fp32 = ImageTransformerSR(preset("cpu"))
+        label = "cpu preset, random weights"
+    print(f"# bench-decode: {label}; {machine()}")
+    print("\n## Cost of one model call vs tokens verified (batch 1, median of", reps, "calls)")
+    calls = call_cost_table(fp32, max_k=max(ks), reps=reps)
+    calls_md = print_table(calls, ["dtype", "tokens", "ms", "vs_1_token"])
+    try:
+        faces = load_faces(data).part("test")
+        lr = downsample_8(faces.images[:n_images])
+    except (FileNotFoundError, ValueError):
+        lr = np.random.default_rng(0).integers(0, 256, (n_images, 8, 8, 3), dtype=np.uint8)
+    model = _copy_for(fp32, torch.bfloat16)
+    print(f"\n## Seconds per image, bf16, {len(lr)} held-out faces, batch {batch}")
+    rows = []
+    for i in range(0, len(lr), batch):
+        rows.append(decode_table(model, lr[i : i + batch], ks))
+    merged = []  # average over the batches
+    for j, r in enumerate(rows[0]):
+        m = dict(r)
+        for key in ("s_per_image", "calls", "mean_block", "speedup", "ideal", "of_ideal"):
+            if key in r:
+                m[key] = float(np.mean([rr[j][key] for rr in rows]))
+        merged.append(m)
+    dec_md = print_table(merged, ["mode", "k", "s_per_image", "calls", "mean_block", "speedup", "of_ideal"])
+    result = {"weights": label, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
+              "call_cost": calls, "decode": merged, "batch": batch, "images": int(len(lr))}
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=1))
+        Path(out).with_suffix(".md").write_text(f"{calls_md}\n\n{dec_md}\n")
+    return result

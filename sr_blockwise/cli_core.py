@@ -1,0 +1,138 @@
+"""Subcommands of the core library: prepare, weights, export, distill, bench-decode."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+def cmd_prepare(a):
+    from .data import load_faces, save_faces
+
+    faces = load_faces(a.source, limit=a.limit, progress=not a.quiet)
+    save_faces(faces, a.out)
+    parts = {p: len(faces.part(p)) for p in ("train", "val", "test")}
+    print(f"wrote {len(faces)} faces to {a.out} (split: {parts}); skipped {len(faces.skipped)}")
+    for path, why in faces.skipped[:20]:
+        print(f"  skipped {why}")
+    if len(faces.skipped) > 20:
+        print(f"  ... and {len(faces.skipped) - 20} more")
+    return 0
+
+
+def cmd_weights(a):
+    from .checkpoints import WEIGHTS_DIR, list_weights
+
+    ws = list_weights(Path(a.dir) if a.dir else WEIGHTS_DIR)
+    if not ws:
+        print(f"no weights in {a.dir or WEIGHTS_DIR}")
+        return 1
+    print(f"{'name':<16} {'K':>3} {'d':>4} {'params':>7}  {'test bits/dim':>13}  note")
+    for w in ws:
+        c, m = w["config"], w["meta"]
+        bpd = m.get("test_bits_per_dim")
+        print(f"{w['name']:<16} {c['n_blockwise']:>3} {c['d_model']:>4} {m.get('params', 0) / 1e6:>6.2f}M  "
+              f"{bpd if bpd is None else format(bpd, '.4f'):>13}  {m.get('description', '')}")
+    return 0
+
+
+def cmd_export(a):
+    """Training checkpoint -> shipped weights, with held-out scores in the config."""
+    import torch
+
+    from .checkpoints import WEIGHTS_DIR, load_model, save_weights
+    from .data import load_faces
+    from .train import CACHE_DIR, bits_per_dim
+
+    ck = Path(a.checkpoint)
+    if not ck.exists():
+        ck = CACHE_DIR / a.checkpoint / "last.pt"
+    ckpt = torch.load(ck, map_location="cpu", weights_only=True)
+    model = load_model(ck, dtype=torch.float32, for_inference=False).eval()
+    faces = load_faces(a.data)
+    test = faces.part("test").images[: a.eval_images]
+    t0 = time.time()
+    meta = {"description": a.description, "source_checkpoint": str(ck), "steps": ckpt["step"],
+            "train_config": ckpt["train_config"], "params": sum(p.numel() for p in model.parameters()),
+            "test_bits_per_dim": bits_per_dim(model, test, bf16=True),
+            "test_images_scored": int(len(test)), "exported": time.strftime("%Y-%m-%d %H:%M")}
+    if a.meta:
+        meta.update(json.loads(Path(a.meta).read_text()))
+    out = save_weights(model, Path(a.out_dir or WEIGHTS_DIR) / a.name, meta)
+    print(f"wrote {out} (test bits/dim {meta['test_bits_per_dim']:.4f} on {len(test)} faces, "
+          f"{time.time() - t0:.0f}s)")
+    return 0
+
+
+def cmd_distill(a):
+    """The base model's own greedy outputs on training faces: targets for distillation."""
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from .checkpoints import load_model
+    from .data import downsample_8, load_faces
+    from .decoding import DecodeOptions, decode
+
+    model = load_model(a.weights, dtype=torch.bfloat16)
+    train = load_faces(a.data).part("train")
+    rng = np.random.default_rng(a.seed)
+    idx = rng.permutation(len(train))[: a.n]
+    lr = downsample_8(train.images[idx])
+    outs = []
+    for i in tqdm(range(0, len(lr), a.batch_size), desc="greedy targets", unit="batch"):
+        outs.append(decode(model, lr[i : i + a.batch_size], DecodeOptions(k=1)).images)
+    np.savez_compressed(a.out, images=np.concatenate(outs), lr=lr, train_index=idx)
+    print(f"wrote {len(lr)} greedy targets to {a.out}")
+    return 0
+
+
+def cmd_bench(a):
+    from .bench import run
+
+    ks = [int(k) for k in a.k.split(",")]
+    run(a.weights, a.images, a.batch_size, a.reps, a.json, ks, a.data)
+    return 0
+
+
+def register(sub):
+    p = sub.add_parser("prepare", help="CelebA folder / photos / .npz -> a 32x32 array file")
+    p.add_argument("source", help="CelebA folder (img_align_celeba/ + list_eval_partition.txt), "
+                                  "a folder of photos, or an .npz")
+    p.add_argument("-o", "--out", default="data/celeba32.npz")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("weights", help="list the shipped weights and their held-out scores")
+    p.add_argument("--dir", default=None)
+    p.set_defaults(func=cmd_weights)
+
+    p = sub.add_parser("export", help="a training checkpoint -> weights/NAME.safetensors + .json")
+    p.add_argument("checkpoint", help="run name (in ~/.cache/sr-blockwise) or a .pt path")
+    p.add_argument("--name", required=True)
+    p.add_argument("--description", default="")
+    p.add_argument("--data", default=None)
+    p.add_argument("--eval-images", type=int, default=256)
+    p.add_argument("--meta", default=None, help="JSON file of extra facts for the config")
+    p.add_argument("--out-dir", default=None)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("distill", help="greedy outputs of a model on training faces (for --distill)")
+    p.add_argument("--weights", required=True)
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--data", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--out", required=True)
+    p.set_defaults(func=cmd_distill)
+
+    p = sub.add_parser("bench-decode", help="cost per call vs tokens verified; seconds per image")
+    p.add_argument("--weights", default=None, help="default: the cpu preset with random weights")
+    p.add_argument("--images", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--k", default="2,4,6,8,10")
+    p.add_argument("--data", default=None)
+    p.add_argument("--json", default="results/bench_decode.json")
+    p.set_defaults(func=cmd_bench)

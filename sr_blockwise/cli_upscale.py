@@ -1,0 +1,52 @@
+"""`sr-blockwise upscale INPUT... -o OUTDIR`: the batch command (docs/upscale.md)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from .upscale import SAVE_ARGS, Config, run
+
+MODES = ("greedy", "exact", "approx", "sample")  # as sr_blockwise.decoding.options_for
+
+
+def cmd_upscale(args: argparse.Namespace) -> int:
+    cfg = Config(**{f.name: getattr(args, f.name) for f in fields(Config)})
+    return run(cfg)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "upscale", help="upscale files / folders / globs of faces to 32x32 (batched, resumable)",
+        description="Faces in, 32x32 results out. Folders are searched recursively and mirrored in "
+                    "OUTDIR. Exit code: 0 all succeeded, 1 some inputs failed, 2 bad arguments, "
+                    "130 stopped by Ctrl-C.")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or glob patterns "
+                   "(quote globs: 'photos/**/*.jpg')")
+    p.add_argument("-o", "--outdir", required=True, metavar="OUTDIR")
+    p.add_argument("--mode", default="exact", choices=MODES,
+                   help="greedy: one token per call; exact: blockwise, same output as greedy (default); "
+                        "approx: blockwise, accepts proposals within --eps levels; sample: temperature sampling")
+    p.add_argument("--k", type=int, default=6, help="block size for exact / approx (default 6)")
+    p.add_argument("--eps", type=int, default=2, help="approx: tolerance in intensity levels (default 2)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sample mode only (default 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="sample mode: the same seed gives the same images")
+    p.add_argument("--weights", default=None, help="weights name or .json path (default: the shipped default)")
+    p.add_argument("--batch-size", type=int, default=8, help="images decoded together (default 8)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--ext", default="png", choices=sorted(SAVE_ARGS), help="output format (default png)")
+    p.add_argument("--suffix", default="", help="added to each output's name: face.jpg -> face{SUFFIX}.png")
+    p.add_argument("--skip-existing", action="store_true", help="leave outputs that exist (resume a run)")
+    p.add_argument("--compare", action="store_true",
+                   help="also write NAME_compare.EXT: 8x8 input, bicubic, output (, ground truth)")
+    p.add_argument("--metrics", default=None, metavar="FILE.csv|FILE.json", help="per-image statistics")
+    p.add_argument("--ground-truth", default=None, metavar="DIR",
+                   help="real faces, matched by relative path and stem: adds PSNR / SSIM to --metrics")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="process only shard I of N (0-based); 'auto' takes RANK/WORLD_SIZE from torchrun")
+    p.add_argument("--measure-greedy", action="store_true",
+                   help="decode the first batch greedily too and report the wall-clock speedup")
+    p.add_argument("--dry-run", action="store_true", help="list what would be done (todo/skip, input, output)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary; failures still go to stderr")
+    p.set_defaults(func=cmd_upscale)

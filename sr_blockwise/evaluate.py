@@ -1,0 +1,939 @@
+"""The evaluation run: speed and quality of every (weights, k, mode), measured side by side on
+the held-out test split, written as JSON, a Markdown report beside the paper's Table 2, plots and
+an image grid.
+
+The paper's lesson is that block size is not speed and speed is not quality, so one run measures
+all three on the same images, the same machine and the same process:
+- block size: mean accepted block (tokens per decoding step, Table 2's measure), model calls;
+- speed: seconds per image and speedup over greedy decoding with a KV cache, run first, in the
+  same run (and over greedy without a cache, as the paper's reference code runs);
+- quality: PSNR, SSIM and a perceptual distance against the real face and against the model's own
+  exact (= greedy) output; the bicubic upscaling of the 8x8 input is a row too.
+The JSON layout (one record per weights x k x mode) is documented in docs/evaluate.md and in
+RECORD_FIELDS below; it is versioned by SCHEMA_VERSION.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shlex
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from . import metrics
+from .checkpoints import load_model, read_card, resolve
+from .data import DEFAULT_DATA, downsample_8, enlarge, load_faces, to_tokens
+from .decoding import DecodeOptions, decode, greedy_uncached
+from .model import SEQ_LEN
+
+SCHEMA = "sr-blockwise-evaluate"
+SCHEMA_VERSION = 1
+
+# The paper's Table 2 (mean accepted block size, CelebA dev) and Figure 4's super-resolution peak.
+PAPER_TABLE2 = {
+    ("frozen", "exact"): {2: 1.07, 4: 1.08, 6: 1.09, 8: 1.09, 10: 1.10},
+    ("frozen", "eps=2"): {2: 1.24, 4: 1.36, 6: 1.38, 8: 1.49, 10: 1.40},
+    ("fine-tuned", "exact"): {2: 1.59, 4: 2.11, 6: 2.23, 8: 2.17, 10: 2.04},
+    ("fine-tuned", "eps=2"): {2: 1.96, 4: 3.75, 6: 5.25, 8: 6.36, 10: 6.79},
+}
+PAPER_PEAK = {"speedup": 4.0, "k": 6, "variant": "fine-tuned", "mode": "eps=2", "mean_block": 5.3,
+              "baseline": "greedy decoding in tensor2tensor (no KV cache); hardware not given; batch 1"}
+
+# Every record has exactly these fields (null where they do not apply), in this order.
+RECORD_FIELDS = {
+    "weights": "weights name (the .json file's stem); null for bicubic",
+    "variant": "frozen | fine-tuned | null: which column of the paper's Table 2 the weights match",
+    "method": "greedy | greedy-uncached | blockwise | bicubic",
+    "mode": "greedy | greedy-uncached | exact | eps=E | top-k=N | min-block=N | oracle | bicubic",
+    "k": "block size (tokens proposed per call); 1 for greedy; null for bicubic",
+    "rule": "acceptance rule passed to the decoder: exact | eps | topk | oracle; null for bicubic",
+    "eps": "eps rule: accepted distance in intensity levels",
+    "top_k": "topk rule: proposal accepted if among p1's top_k values",
+    "min_block": "tokens accepted per call whatever the rule says",
+    "exact_by_construction": "true if the mode promises output identical to greedy",
+    "n_images": "images decoded",
+    "mean_block": "mean accepted block size: all tokens / all decoding steps, over the images",
+    "block_hist": "block_hist[n-1] = decoding steps that accepted n tokens, summed over images",
+    "calls_per_image": "model calls an image took part in, mean over images",
+    "seconds_per_image": "decode wall time of all batches / images (batch size in settings)",
+    "speedup_vs_greedy": "seconds_per_image of KV-cached greedy (same weights, same run) / this row's",
+    "speedup_vs_uncached_greedy": "seconds_per_image of greedy without a KV cache (estimated) / this row's",
+    "call_reduction": "greedy calls_per_image / this row's",
+    "cost_per_call_vs_greedy": "(seconds per call of this row) / (seconds per call of KV-cached greedy)",
+    "identical_to_greedy": "share of images whose output equals greedy's exactly (all 3072 values)",
+    "tokens_identical_to_greedy": "share of output values equal to greedy's",
+    "psnr_vs_real": "PSNR (dB) against the real 32x32 face, mean over images",
+    "ssim_vs_real": "SSIM against the real face, mean over images",
+    "perceptual_vs_real": "perceptual distance (settings.perceptual.label) against the real face, mean",
+    "psnr_vs_exact": "PSNR against the same model's exact-mode (= greedy) output; null if infinite",
+    "ssim_vs_exact": "SSIM against the same model's exact-mode output",
+    "perceptual_vs_exact": "perceptual distance against the same model's exact-mode output",
+    "bits_per_dim": "the weights' negative log-likelihood of the real faces, bits per intensity",
+    "paper_mean_block": "the paper's Table 2 value for this variant, mode and k, if it has one",
+    "timing": "measured | estimated (greedy-uncached; see notes and docs/evaluate.md)",
+    "notes": "list of strings: anything a reader of this row should know",
+}
+
+
+# ---------------------------------------------------------------- modes, options
+
+@dataclass(frozen=True)
+class Mode:
+    name: str  # canonical label: exact, eps=2, top-k=3, min-block=2, oracle, greedy
+    rule: str = "exact"
+    eps: int = 0
+    top_k: int = 1
+    min_block: int = 1
+
+    def options(self, k: int) -> DecodeOptions:
+        return DecodeOptions(k=k, rule=self.rule, eps=self.eps, top_k=self.top_k, min_block=self.min_block)
+
+
+def parse_mode(text: str) -> Mode:
+    """greedy | exact | oracle | eps=E | top-k=N | min-block=N (min-block uses the exact rule)."""
+    t = text.strip().lower().replace("_", "-")
+    if t in ("greedy", "exact", "oracle"):
+        return Mode(t, rule="oracle" if t == "oracle" else "exact")
+    name, eq, val = t.partition("=")
+    if not eq or not val.strip().lstrip("-").isdigit():
+        raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, top-k=N or min-block=N")
+    v = int(val)
+    if name == "eps":
+        if v < 0:
+            raise ValueError(f"mode {text!r}: eps must be >= 0")
+        return Mode(f"eps={v}", rule="eps", eps=v)
+    if name in ("top-k", "topk"):
+        if v < 1:
+            raise ValueError(f"mode {text!r}: top-k must be >= 1")
+        return Mode(f"top-k={v}", rule="topk", top_k=v)
+    if name in ("min-block", "minblock"):
+        if v < 1:
+            raise ValueError(f"mode {text!r}: min-block must be >= 1")
+        return Mode(f"min-block={v}", rule="exact", min_block=v)
+    raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, top-k=N or min-block=N")
+
+
+def parse_list(text, kind=str) -> list:
+    """'2,4,6' or ['2,4', '6'] -> [2, 4, 6]."""
+    parts = [text] if isinstance(text, str) else list(text)
+    out = [p.strip() for s in parts for p in str(s).split(",") if p.strip()]
+    try:
+        return [kind(p) for p in out]
+    except ValueError:
+        raise ValueError(f"could not read {text!r} as a comma-separated list") from None
+
+
+def weights_spec(spec: str) -> tuple[str, str | None]:
+    """NAME_OR_PATH[:frozen|:fine-tuned] -> (name_or_path, variant or None)."""
+    head, sep, tail = spec.rpartition(":")
+    if sep and tail.lower().replace("_", "-") in ("frozen", "fine-tuned", "finetuned"):
+        return head, "frozen" if tail.lower() == "frozen" else "fine-tuned"
+    return spec, None
+
+
+def infer_variant(name: str, meta: dict) -> str | None:
+    """Which column of Table 2 weights belong to: from the name, else the card's training stage."""
+    n = name.lower().replace("_", "-")
+    if "finetun" in n or "fine-tun" in n:
+        return "fine-tuned"
+    if "frozen" in n:
+        return "frozen"
+    stage = str(meta.get("stage", "")).lower()
+    return {"finetune": "fine-tuned", "heads": "frozen", "base": "frozen"}.get(stage)
+
+
+@dataclass
+class EvalConfig:
+    weights: list[str] = field(default_factory=lambda: ["cpu-frozen", "cpu-finetuned"])
+    data: str | None = None  # default: the project's data (SR_BLOCKWISE_DATA), held-out test split
+    n_images: int = 500
+    limit: int | None = None  # smoke tests: at most this many images
+    ks: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
+    modes: list[str] = field(default_factory=lambda: ["exact", "eps=2"])
+    batch_size: int = 1  # the paper's Figure 4 is at batch 1
+    dtype: str = "bf16"
+    device: str = "cpu"
+    threads: int = 0  # 0: torch's default
+    out: str = "results"
+    json_path: str | None = None  # default OUT/results.json
+    perceptual: str = "auto"  # auto | lpips | stlpips | none
+    uncached_prefix: int = 64  # tokens of the real no-cache decoder to run (see time_uncached_greedy)
+    grid_images: int = 6
+    progress: bool = True
+
+    def command(self) -> str:
+        """The command line that reproduces this run."""
+        a = ["sr-blockwise", "evaluate", "--weights", *self.weights]
+        if self.data:
+            a += ["--data", str(self.data)]
+        a += ["--n-images", str(self.n_images)]
+        if self.limit is not None:
+            a += ["--limit", str(self.limit)]
+        a += ["--k", ",".join(map(str, self.ks)), "--modes", ",".join(self.modes),
+              "--batch-size", str(self.batch_size), "--dtype", self.dtype, "--device", self.device]
+        if self.threads:
+            a += ["--threads", str(self.threads)]
+        a += ["--perceptual", self.perceptual, "--out", str(self.out)]
+        if self.json_path:
+            a += ["--json", str(self.json_path)]
+        return shlex.join(a)
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+# ---------------------------------------------------------------- measuring
+
+def machine_info(device: str) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:  # the model name is more telling than "x86_64"
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "device": device, "gpu": None,
+            "load_average_start": _loadavg(), "load_average_end": None}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def _loadavg():
+    try:  # other processes on the machine slow every timing: record how busy it was
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _sync(device: str):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def decode_all(model, lr: np.ndarray, opts: DecodeOptions, batch_size: int, bar=None) -> dict:
+    """Decode all inputs in batches. Seconds per image = summed batch wall time / images."""
+    images, stats, seconds = [], [], 0.0
+    for i in range(0, len(lr), batch_size):
+        r = decode(model, lr[i:i + batch_size], opts)
+        images.append(r.images)
+        stats += r.stats
+        seconds += r.seconds
+        if bar is not None:
+            bar.update(len(r.images))
+    return {"images": np.concatenate(images), "stats": stats, "seconds": seconds}
+
+
+@torch.no_grad()
+def time_uncached_greedy(model, lr: np.ndarray, greedy_images: np.ndarray, prefix_tokens: int = 64,
+                         device: str = "cpu", reps: int = 3) -> dict:
+    """Seconds for one batch of greedy decoding without a KV cache (the paper's reference decoder,
+    `decoding.greedy_uncached`), estimated, since running it whole costs minutes per image.
+
+    Step i of that decoder runs the full forward over the prefix rounded up to whole attention
+    blocks, T_i = (i // L + 1) * L, so its cost grows with i over the whole image, not only over
+    the first block: a linear extrapolation of the first tokens would be too low. We
+    1. run the real decoder on the first `prefix_tokens` tokens (measured; its tokens are checked
+       against the KV-cached greedy output), and
+    2. time one step (forward over T tokens + p1's argmax, as the decoder does) at each of the
+       3072 / L distinct prefix lengths T = L, 2L, ..., 3072 (median of `reps`), fit
+       cost(T) = a + b T, and sum: estimate = sum_i cost(T_i) = L * sum_j cost(j L).
+    The measured prefix of step 1 is compared with the same sum over its steps (`prefix_check`)."""
+    L = model.cfg.block_len
+    m = max(1, min(prefix_tokens, SEQ_LEN))
+    tokens, prefix_s = greedy_uncached(model, lr, m)
+    want = to_tokens(greedy_images)[:, :m]
+    src = torch.from_numpy(to_tokens(lr)).to(device)
+    tgt = torch.from_numpy(to_tokens(greedy_images)).to(device)
+    step = {}
+    for T in range(L, SEQ_LEN + 1, L):
+        times = []
+        for _ in range(reps):
+            _sync(device)
+            t0 = time.perf_counter()
+            h = model(src, tgt[:, :T])
+            model.logits(h[:, T - 1]).argmax(-1)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        step[T] = float(np.median(times))
+    # a forward over T tokens costs a + b*T (local attention: every part is linear in T); the
+    # least-squares line through the medians smooths out the other processes on the machine
+    Ts = np.array(list(step), dtype=np.float64)
+    b, a = np.polyfit(Ts, list(step.values()), 1) if len(Ts) > 1 else (0.0, step[L])
+    cost = lambda T: a + b * T
+    estimate = L * sum(cost(T) for T in step)
+    predicted_prefix = sum(cost((i // L + 1) * L) for i in range(m))
+    return {"seconds_batch": estimate, "batch": len(lr), "prefix_tokens": m,
+            "prefix_seconds_measured": prefix_s, "prefix_seconds_predicted": predicted_prefix,
+            "prefix_check": prefix_s / predicted_prefix if predicted_prefix else None,
+            "prefix_tokens_match_cached": float((tokens == want).mean()),
+            "linear_extrapolation_seconds_batch": prefix_s / m * SEQ_LEN,
+            "step_cost_fit": {"a": float(a), "b": float(b)},
+            "step_seconds_by_prefix": {str(T): s for T, s in step.items()}}
+
+
+def quality(real: np.ndarray, exact: np.ndarray | None, images: np.ndarray, perceptual) -> dict:
+    """The six quality fields: PSNR, SSIM, perceptual against the real faces and the exact output."""
+    q = {"psnr_vs_real": metrics.mean(metrics.psnr(real, images)),
+         "ssim_vs_real": metrics.mean(metrics.ssim(real, images)),
+         "perceptual_vs_real": metrics.mean(perceptual(real, images)) if perceptual else None}
+    if exact is not None:
+        q |= {"psnr_vs_exact": metrics.mean(metrics.psnr(exact, images)),
+              "ssim_vs_exact": metrics.mean(metrics.ssim(exact, images)),
+              "perceptual_vs_exact": metrics.mean(perceptual(exact, images)) if perceptual else None}
+    return q
+
+
+def new_record(**values) -> dict:
+    unknown = set(values) - set(RECORD_FIELDS)
+    if unknown:
+        raise KeyError(f"not record fields: {sorted(unknown)}")
+    rec = dict.fromkeys(RECORD_FIELDS)
+    rec["notes"] = []
+    rec.update(values)
+    return rec
+
+
+def _decode_record(name, variant, mode: Mode, k, run, greedy, real) -> dict:
+    stats = run["stats"]
+    n = len(stats)
+    K = max(len(s.block_hist) for s in stats)
+    hist = np.zeros(K, dtype=np.int64)
+    for s in stats:
+        hist[: len(s.block_hist)] += s.block_hist
+    calls = float(np.mean([s.calls for s in stats]))
+    spi = run["seconds"] / n
+    rec = new_record(weights=name, variant=variant, method="greedy" if mode.name == "greedy" else "blockwise",
+                     mode=mode.name, k=k, rule=mode.rule, eps=mode.eps, top_k=mode.top_k,
+                     min_block=mode.min_block, exact_by_construction=mode.options(k).is_exact,
+                     n_images=n, mean_block=SEQ_LEN * n / int(hist.sum()), block_hist=hist.tolist(),
+                     calls_per_image=calls, seconds_per_image=spi, timing="measured",
+                     paper_mean_block=PAPER_TABLE2.get((variant, mode.name), {}).get(k))
+    if greedy is not None:
+        g_calls, g_spi = greedy["calls_per_image"], greedy["seconds_per_image"]
+        same = run["images"].reshape(n, -1) == greedy["_images"].reshape(n, -1)
+        rec.update(speedup_vs_greedy=g_spi / spi, call_reduction=g_calls / calls,
+                   cost_per_call_vs_greedy=(spi / calls) / (g_spi / g_calls),
+                   identical_to_greedy=float(same.all(1).mean()), tokens_identical_to_greedy=float(same.mean()))
+    return rec
+
+
+def run_evaluation(cfg: EvalConfig) -> tuple[dict, dict]:
+    """Run everything; returns (result for the JSON, samples for the image grid)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {cfg.dtype!r}: use {', '.join(DTYPES)}")
+    if cfg.batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {cfg.batch_size}")
+    modes = [parse_mode(m) for m in cfg.modes]
+    blockwise = [m for m in dict.fromkeys(modes) if m.name != "greedy"]
+    ks = sorted(set(int(k) for k in cfg.ks))
+    if any(k < 1 for k in ks):
+        raise ValueError(f"every k must be >= 1, got {ks}")
+    specs = [weights_spec(w) for w in cfg.weights]
+    if not specs:
+        raise ValueError("no weights to evaluate")
+    paths = [resolve(w) for w, _ in specs]  # fail early, before any decoding, on a bad name
+
+    # the held-out test split (a folder of photos without split labels: everything)
+    data_path = Path(cfg.data) if cfg.data else DEFAULT_DATA / "celeba32.npz"
+    faces = load_faces(data_path, progress=cfg.progress).part("test")
+    n = min(cfg.n_images, cfg.limit if cfg.limit is not None else cfg.n_images, len(faces))
+    if n < 1:
+        raise ValueError(f"{data_path}: no test images to evaluate")
+    real = faces.images[:n]
+    lr = downsample_8(real)
+
+    perceptual = None if cfg.perceptual == "none" else metrics.Perceptual(cfg.perceptual, cfg.device)
+    machine = machine_info(cfg.device)
+    records, weights_info, skipped = [], [], []
+    G = min(cfg.grid_images, n)
+    samples = {"lr": lr[:G], "real": real[:G], "models": {}}
+
+    # bicubic: the no-model baseline row
+    bic, bic_s = metrics.bicubic_baseline(lr)
+    samples["bicubic"] = bic[:G]
+    records.append(new_record(method="bicubic", mode="bicubic", n_images=n, seconds_per_image=bic_s / n,
+                              timing="measured", **quality(real, None, bic, perceptual),
+                              notes=["Pillow bicubic resize of the 8x8 input to 32x32"]))
+
+    # the work list, for one progress bar over all decodes
+    plan = []
+    for (spec, forced), path in zip(specs, paths):
+        card = read_card(path) if path.suffix == ".json" else {"config": torch.load(
+            path, map_location="cpu", weights_only=True)["model_config"], "meta": {}}
+        K = card["config"].get("n_blockwise", 1)
+        jobs = []
+        for k in ks:
+            for m in blockwise:
+                if k > K:
+                    skipped.append(f"{path.stem}: k={k} {m.name}: the weights have {K} heads")
+                elif m.min_block > k:
+                    skipped.append(f"{path.stem}: k={k} {m.name}: min-block larger than k")
+                else:
+                    jobs.append((k, m))
+        plan.append((path, forced, card, jobs))
+    total = sum((1 + len(jobs)) * n for *_, jobs in plan)
+    bar = tqdm(total=total, unit="img", disable=not cfg.progress, dynamic_ncols=True)
+
+    for path, forced, card, jobs in plan:
+        name = path.stem
+        variant = forced or infer_variant(name, card.get("meta", {}))
+        bar.set_description(f"{name}: loading")
+        model = load_model(path, dtype=DTYPES[cfg.dtype], device=cfg.device)
+        # warm-up (not timed): a short oracle decode runs every kernel the timed decodes will
+        kw = max([k for k, _ in jobs], default=1)
+        decode(model, lr[:1], DecodeOptions(k=kw, rule="oracle"))
+
+        # greedy with the KV cache first: the reference for speed, identity and quality
+        bar.set_description(f"{name}: greedy")
+        g = decode_all(model, lr, DecodeOptions(k=1), cfg.batch_size, bar)
+        grec = _decode_record(name, variant, Mode("greedy"), 1, g, None, real)
+        grec.update(speedup_vs_greedy=1.0, call_reduction=1.0, cost_per_call_vs_greedy=1.0,
+                    identical_to_greedy=1.0, tokens_identical_to_greedy=1.0)
+        grec.update(quality(real, g["images"], g["images"], perceptual))
+        greedy = {**grec, "_images": g["images"]}
+        samples["models"][name] = {"greedy": g["images"][:G]}
+
+        # greedy without a KV cache, as the paper's reference code runs (timed on one batch)
+        bar.set_description(f"{name}: greedy, no KV cache")
+        b = min(cfg.batch_size, n)
+        unc = time_uncached_greedy(model, lr[:b], g["images"][:b], cfg.uncached_prefix, cfg.device)
+        u_spi = unc["seconds_batch"] / b
+        urec = new_record(weights=name, variant=variant, method="greedy-uncached", mode="greedy-uncached", k=1,
+                          rule="exact", eps=0, top_k=1, min_block=1, exact_by_construction=True, n_images=b,
+                          mean_block=1.0, calls_per_image=float(SEQ_LEN), seconds_per_image=u_spi,
+                          speedup_vs_greedy=grec["seconds_per_image"] / u_spi, call_reduction=1.0,
+                          timing="estimated",
+                          notes=[f"estimated from the first {unc['prefix_tokens']} tokens of the real decoder "
+                                 f"({unc['prefix_seconds_measured']:.3f} s, {unc['prefix_check']:.2f}x the per-step "
+                                 f"model) and one timed step at each prefix length; see docs/evaluate.md",
+                                 f"its first {unc['prefix_tokens']} tokens match the KV-cached greedy output "
+                                 f"at {100 * unc['prefix_tokens_match_cached']:.1f}% of positions",
+                                 f"a linear extrapolation of the prefix would say "
+                                 f"{unc['linear_extrapolation_seconds_batch'] / b:.3f} s per image"])
+        urec["cost_per_call_vs_greedy"] = (u_spi / SEQ_LEN) / (grec["seconds_per_image"] / grec["calls_per_image"])
+        grec["speedup_vs_uncached_greedy"] = u_spi / grec["seconds_per_image"]
+        urec["speedup_vs_uncached_greedy"] = 1.0
+        records += [grec, urec]
+
+        # the blockwise decodes
+        for k, m in jobs:
+            bar.set_description(f"{name}: k={k} {m.name}")
+            r = decode_all(model, lr, m.options(k), cfg.batch_size, bar)
+            rec = _decode_record(name, variant, m, k, r, greedy, real)
+            rec.update(quality(real, g["images"], r["images"], perceptual))
+            rec["speedup_vs_uncached_greedy"] = u_spi / rec["seconds_per_image"]
+            if rec["exact_by_construction"] and rec["identical_to_greedy"] < 1:
+                rec["notes"].append("NOT identical to greedy although the mode promises it")
+            records.append(rec)
+            samples["models"][name][(k, m.name)] = r["images"][:G]
+
+        # bits/dim of the real faces, in fp32 so the score does not depend on --dtype
+        bar.set_description(f"{name}: bits/dim")
+        del model
+        model32 = load_model(path, dtype=torch.float32, device=cfg.device)
+        from .train import bits_per_dim
+        bpd = bits_per_dim(model32, real, batch_size=8, bf16=False, device=cfg.device)
+        del model32
+        for rec in records:
+            if rec["weights"] == name:
+                rec["bits_per_dim"] = bpd
+        weights_info.append({"name": name, "path": str(path), "variant": variant, "config": card["config"],
+                             "meta": card.get("meta", {}), "bits_per_dim": bpd, "uncached_timing": unc})
+    bar.close()
+    machine["load_average_end"] = _loadavg()
+
+    result = {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": cfg.command(), "machine": machine,
+        "data": {"path": str(data_path), "split": "test", "n_images": n, "split_size": len(faces),
+                 "first_images": faces.names[:3]},
+        "settings": {"ks": ks, "modes": [m.name for m in modes], "batch_size": cfg.batch_size,
+                     "dtype": cfg.dtype, "device": cfg.device, "psnr": metrics.PSNR_SETTINGS,
+                     "ssim": {k: v for k, v in metrics.SSIM_SETTINGS.items()},
+                     "perceptual": perceptual.describe() if perceptual else None,
+                     "uncached_prefix_tokens": cfg.uncached_prefix,
+                     "bits_per_dim": "fp32 forward, p1 logits, over the evaluated images",
+                     "seconds_per_image": "decode wall time of each batch summed, / images",
+                     "exact_reference": "the same weights' greedy output (exact mode must equal it)"},
+        "weights": weights_info,
+        "paper": {"table2": {f"{v}, {m}": {str(k): x for k, x in t.items()} for (v, m), t in PAPER_TABLE2.items()},
+                  "peak_speedup": PAPER_PEAK},
+        "skipped": skipped,
+        "records": [{k: rec[k] for k in RECORD_FIELDS} for rec in records],
+    }
+    result["summary"] = summarize(result)
+    return result, samples
+
+
+def summarize(result: dict) -> dict:
+    """Exact-mode identity and the peak speedup, the two headline checks."""
+    recs = result["records"]
+    exact = [r for r in recs if r["method"] == "blockwise" and r["exact_by_construction"]]
+    ident = [{"weights": r["weights"], "k": r["k"], "mode": r["mode"], "identical_to_greedy": r["identical_to_greedy"],
+              "images": r["n_images"]} for r in exact]
+    blk = [r for r in recs if r["method"] == "blockwise"]
+    peak = max(blk, key=lambda r: r["speedup_vs_greedy"], default=None)
+    peak_u = max(blk, key=lambda r: r["speedup_vs_uncached_greedy"], default=None)
+    pick = lambda r, f: None if r is None else {"weights": r["weights"], "k": r["k"], "mode": r["mode"], "speedup": r[f],
+                                                "mean_block": r["mean_block"]}
+    return {"exact_identical_to_greedy": ident,
+            "exact_all_identical": all(r["identical_to_greedy"] == 1.0 for r in exact),
+            "peak_speedup_vs_greedy": pick(peak, "speedup_vs_greedy"),
+            "peak_speedup_vs_uncached_greedy": pick(peak_u, "speedup_vs_uncached_greedy")}
+
+
+# ---------------------------------------------------------------- writing
+
+def _clean(x):
+    """JSON has no inf/nan: write them as null (an infinite PSNR means identical images)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.generic):
+        return _clean(x.item())
+    return x
+
+
+def write_json(result: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_clean(result), indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def evaluate(cfg: EvalConfig) -> dict:
+    """Run and write everything under cfg.out; returns the result (with its "files")."""
+    result, samples = run_evaluation(cfg)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"json": str(Path(cfg.json_path) if cfg.json_path else out / "results.json")}
+    files.update(write_all(result, samples, out))
+    result["files"] = files
+    write_json(result, Path(files["json"]))
+    return result
+
+
+def _fmt(x, nd=2):
+    if x is None:
+        return "—"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{x:.{nd}f}"
+
+
+def grid_image(samples: dict, name: str, k: int, exact: str | None, approx: str | None):
+    """Rows: faces; columns: 8x8 input, bicubic, greedy, blockwise exact, blockwise approx, real."""
+    from PIL import Image, ImageDraw, ImageFont
+    m = samples["models"][name]
+    cols = [("8x8 input", enlarge(samples["lr"], 16)), ("bicubic", enlarge(samples["bicubic"], 4)),
+            ("greedy", enlarge(m["greedy"], 4))]
+    if exact:
+        cols.append((f"{exact} k={k}", enlarge(m[(k, exact)], 4)))
+    if approx:
+        cols.append((f"{approx} k={k}", enlarge(m[(k, approx)], 4)))
+    cols.append(("real", enlarge(samples["real"], 4)))
+    S, pad, top = 128, 4, 22
+    rows = len(samples["real"])
+    W, H = len(cols) * (S + pad) + pad, top + rows * (S + pad) + pad
+    img = Image.new("RGB", (W, H), "white")
+    draw = ImageDraw.Draw(img)
+    try:
+        font = ImageFont.load_default(size=13)
+    except TypeError:  # older Pillow
+        font = ImageFont.load_default()
+    for c, (title, faces) in enumerate(cols):
+        x = pad + c * (S + pad)
+        draw.text((x + 2, 4), title, fill="black", font=font)
+        for r in range(rows):
+            img.paste(Image.fromarray(faces[r]), (x, top + r * (S + pad)))
+    return img
+
+
+# ---------------------------------------------------------------- report, plots, grid
+
+def _index(result):
+    return {(r["weights"], r["mode"], r["k"]): r for r in result["records"] if r["weights"]}
+
+
+def _blockwise_lines(result):
+    """(weights, mode) pairs that have blockwise rows, in run order."""
+    seen = {}
+    for r in result["records"]:
+        if r["method"] == "blockwise":
+            seen.setdefault((r["weights"], r["mode"]), []).append(r)
+    return seen
+
+
+def head_acceptance(block_hist) -> list[float]:
+    """P(head j's proposal accepted | heads 2..j-1 accepted), j = 2..k, from a block histogram."""
+    h = np.asarray(block_hist, dtype=np.float64)
+    at_least = h[::-1].cumsum()[::-1]  # at_least[j-1] = steps that accepted >= j tokens
+    return [float(at_least[j] / at_least[j - 1]) if at_least[j - 1] else 0.0 for j in range(1, len(h))]
+
+
+def table2_markdown(result) -> str:
+    """The paper's Table 2 layout: k down, (weights, mode) across; ours with the paper's in brackets."""
+    idx = _index(result)
+    cols = list(_blockwise_lines(result))
+    vmap = {w["name"]: w["variant"] for w in result["weights"]}
+    head = ["k"] + [f"{w} ({vmap.get(w) or 'variant?'}), {m}" for w, m in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for k in result["settings"]["ks"]:
+        cells = [str(k)]
+        for w, m in cols:
+            r = idx.get((w, m, k))
+            if r is None:
+                cells.append("—")
+                continue
+            paper = r["paper_mean_block"]
+            cells.append(_fmt(r["mean_block"]) + (f" ({paper:.2f})" if paper is not None else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def speed_markdown(result) -> str:
+    head = ["weights", "mode", "k", "mean block", "calls / image", "s / image", "speedup vs greedy (KV cache)",
+            "speedup vs greedy (no cache)", "call reduction", "cost per call vs greedy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["records"]:
+        if r["method"] == "bicubic":
+            continue
+        est = " (est.)" if r["timing"] == "estimated" else ""
+        lines.append("| " + " | ".join([r["weights"], r["mode"], str(r["k"]), _fmt(r["mean_block"]),
+                                        _fmt(r["calls_per_image"], 0), _fmt(r["seconds_per_image"], 3) + est,
+                                        _fmt(r["speedup_vs_greedy"]) + "x", _fmt(r["speedup_vs_uncached_greedy"]) + "x",
+                                        _fmt(r["call_reduction"]) + "x", _fmt(r["cost_per_call_vs_greedy"]) + "x"]) + " |")
+    return "\n".join(lines)
+
+
+def quality_markdown(result) -> str:
+    p = (result["settings"]["perceptual"] or {}).get("kind", "perceptual").upper().replace("STLPIPS", "ST-LPIPS")
+    head = ["weights", "mode", "k", "PSNR real", "SSIM real", f"{p} real", "PSNR exact", "SSIM exact",
+            f"{p} exact", "identical to greedy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["records"]:
+        if r["method"] == "greedy-uncached":
+            continue
+        ident = "—" if r["identical_to_greedy"] is None else f"{100 * r['identical_to_greedy']:.1f}%"
+        psnr_x = "inf" if r["psnr_vs_exact"] is None and r["ssim_vs_exact"] == 1.0 else _fmt(r["psnr_vs_exact"])
+        lines.append("| " + " | ".join([r["weights"] or "—", r["mode"], _fmt(r["k"], 0) if r["k"] else "—",
+                                        _fmt(r["psnr_vs_real"]), _fmt(r["ssim_vs_real"], 3),
+                                        _fmt(r["perceptual_vs_real"], 4), psnr_x, _fmt(r["ssim_vs_exact"], 3),
+                                        _fmt(r["perceptual_vs_exact"], 4), ident]) + " |")
+    return "\n".join(lines)
+
+
+def exact_markdown(result) -> str:
+    rows = result["summary"]["exact_identical_to_greedy"]
+    if not rows:
+        return "No exact-mode rows in this run."
+    lines = ["| weights | mode | k | identical to greedy |", "|---|---|---|---|"]
+    for r in rows:
+        same = round(r["identical_to_greedy"] * r["images"])
+        lines.append(f"| {r['weights']} | {r['mode']} | {r['k']} | {same} / {r['images']} "
+                     f"({100 * r['identical_to_greedy']:.1f}%) |")
+    verdict = ("Exact mode gave output identical to greedy decoding on every image, at every k: it keeps its name."
+               if result["summary"]["exact_all_identical"] else
+               "**Exact mode differed from greedy decoding on some images: it does not deserve its name here.**")
+    return verdict + "\n\n" + "\n".join(lines)
+
+
+def differences(result) -> list[str]:
+    """Where our numbers differ from the paper's, with the measured reasons we have."""
+    out = []
+    idx = _index(result)
+    ks = result["settings"]["ks"]
+    s = result["settings"]
+    for w in result["weights"]:
+        name, v, cfg = w["name"], w["variant"], w["config"]
+        if v is None:
+            out.append(f"`{name}`: not recognisably frozen or fine-tuned (name it `...frozen...` / `...finetuned...`, "
+                       f"or pass `{name}:frozen`), so it has no Table 2 column to compare with.")
+            continue
+        for mode in ("exact", "eps=2"):
+            rows = [idx[(name, mode, k)] for k in ks if (name, mode, k) in idx]
+            rows = [r for r in rows if r["paper_mean_block"] is not None]
+            if not rows:
+                continue
+            d = np.mean([r["mean_block"] - r["paper_mean_block"] for r in rows])
+            pairs = ", ".join(f"k={r['k']}: {r['mean_block']:.2f} vs {r['paper_mean_block']:.2f}" for r in rows)
+            line = (f"`{name}` ({v}, {mode}): mean block {'above' if d > 0 else 'below'} the paper's by "
+                    f"{abs(d):.2f} on average ({pairs}).")
+            big = max(rows, key=lambda r: r["k"])
+            acc = head_acceptance(big["block_hist"])
+            if acc:
+                line += (f" Measured at k={big['k']}: head 2 is accepted on {100 * acc[0]:.0f}% of steps "
+                         f"(the paper's k=2 row implies {100 * (PAPER_TABLE2[(v, mode)][2] - 1):.0f}%); "
+                         "given the heads before it were accepted, head j is accepted on "
+                         + ", ".join(f"{100 * a:.0f}%" for a in acc) + " of steps (j = 2..k).")
+            out.append(line)
+        if v == "frozen" and cfg.get("head1") == "base":
+            out.append(f"`{name}`: our p1 is the base model itself (head1='base'); the paper's p1 passes through "
+                       "the head layer, so its frozen model is not bit-identical to the base. Both make exact "
+                       "mode equal greedy decoding of the model that is decoded.")
+        out.append(f"`{name}`: our model is d_model={cfg.get('d_model')}, {cfg.get('n_enc_layers')} encoder / "
+                   f"{cfg.get('n_dec_layers')} decoder layers, heads hidden {cfg.get('head_ff')} per group "
+                   f"(the paper: 512, 4 / 8 layers, 2048, trained 1M + 250k steps on 8 GPUs); it scores "
+                   f"{w['bits_per_dim']:.3f} bits/dim on these faces. A weaker base is harder for the heads to "
+                   "predict and gives different faces, so block sizes and quality both move.")
+    sm = result["summary"]
+    pk, pu = sm["peak_speedup_vs_greedy"], sm["peak_speedup_vs_uncached_greedy"]
+    if pk:
+        out.append(f"Wall clock: our peak over greedy with a KV cache is {pk['speedup']:.2f}x ({pk['weights']}, "
+                   f"{pk['mode']}, k={pk['k']}, mean block {pk['mean_block']:.2f}); over greedy without a cache "
+                   f"{pu['speedup']:.2f}x ({pu['weights']}, {pu['mode']}, k={pu['k']}); the paper: "
+                   f"{PAPER_PEAK['speedup']}x at k={PAPER_PEAK['k']} ({PAPER_PEAK['variant']}, {PAPER_PEAK['mode']}, "
+                   f"mean block {PAPER_PEAK['mean_block']}), over a decoder without a cache.")
+        curve = [idx[(pk["weights"], pk["mode"], k)] for k in ks if (pk["weights"], pk["mode"], k) in idx]
+        out.append("Why speed is not block size (measured, " + f"{pk['weights']} {pk['mode']}): speedup = call "
+                   "reduction / cost of a call relative to a greedy call: " + "; ".join(
+                       f"k={r['k']}: {r['call_reduction']:.2f} / {r['cost_per_call_vs_greedy']:.2f} = "
+                       f"{r['speedup_vs_greedy']:.2f}x" for r in curve) + ". A blockwise call feeds k tokens "
+                   "per image and runs the k-head layer, so it costs more than a greedy call; on a CPU the extra "
+                   "tokens are not free as they nearly are on a GPU.")
+    g = [r for r in result["records"] if r["method"] == "greedy"]
+    if g:
+        out.append("The paper's baseline decoder has no KV cache. Ours without a cache is estimated "
+                   + ", ".join(f"{r['speedup_vs_uncached_greedy']:.1f}x slower than with one ({r['weights']})" for r in g)
+                   + "; speedups over that baseline are the comparable ones, speedups over the cached one are "
+                   "what a user gets.")
+    m = result["machine"]
+    out.append(f"Hardware: the paper's is not given (batch 1). Ours: {m['cpu']}"
+               + (f" + {m['gpu']}" if m.get("gpu") else "") + f", torch threads: {m['torch_threads']}, batch "
+               f"{s['batch_size']}, {s['dtype']}; load average {m['load_average_start']} at the start, "
+               f"{m['load_average_end']} at the end (other processes slow every timing alike, not fairly: "
+               "greedy runs first).")
+    out.append(f"Data: the paper reports CelebA dev images; we use the first {result['data']['n_images']} faces of "
+               f"the project's held-out test split ({result['data']['split_size']} faces), 8x8 made by 4x4 box "
+               "averaging.")
+    return out
+
+
+def report_markdown(result, files) -> str:
+    m, s, d = result["machine"], result["settings"], result["data"]
+    perc = s["perceptual"]
+    machine = f"{m['cpu']} ({m['cpu_count']} cores, torch threads: {m['torch_threads']})" + (
+        f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}, device {m['device']}"
+    sm = result["summary"]
+    parts = [
+        "# Blockwise parallel decoding: evaluation",
+        f"Produced by `{result['command']}` on {result['created']} (UTC).  \n"
+        f"Machine: {machine}; load average {m['load_average_start']} -> {m['load_average_end']}.  \n"
+        f"Data: `{d['path']}`, held-out test split, first {d['n_images']} of {d['split_size']} faces. "
+        f"Batch size {s['batch_size']}, {s['dtype']}.",
+        "## Mean accepted block size (the paper's Table 2 layout)",
+        "Ours, with the paper's Table 2 value (CelebA dev) in brackets where it has one.",
+        table2_markdown(result),
+        f"![mean block size vs k]({Path(files['plot_mean_block']).name})",
+        "## Wall-clock speed",
+        "Seconds per image = decode wall time of each batch, summed, / images. Speedups are against greedy "
+        "decoding of the same weights in the same run (greedy runs first). The no-cache greedy row is an "
+        "estimate (see Method).",
+        speed_markdown(result),
+    ]
+    if sm["peak_speedup_vs_greedy"]:
+        pk, pu = sm["peak_speedup_vs_greedy"], sm["peak_speedup_vs_uncached_greedy"]
+        parts.append(f"Peak: **{pk['speedup']:.2f}x** over KV-cached greedy ({pk['weights']}, {pk['mode']}, k={pk['k']}); "
+                     f"**{pu['speedup']:.2f}x** over greedy without a cache ({pu['weights']}, {pu['mode']}, k={pu['k']}). "
+                     f"The paper: **{PAPER_PEAK['speedup']}x** at k={PAPER_PEAK['k']} ({PAPER_PEAK['variant']}, "
+                     f"{PAPER_PEAK['mode']}).")
+    parts += [
+        f"![speedup vs k]({Path(files['plot_speedup']).name})",
+        "## Exact mode is greedy decoding",
+        exact_markdown(result),
+        "## Quality",
+        f"Against the real 32x32 face and against the same weights' exact-mode output (= greedy). "
+        f"Perceptual distance: {perc['label'] if perc else 'not computed'} (lower is better). "
+        "PSNR against an identical image is infinite.",
+        quality_markdown(result),
+        f"![quality vs eps]({Path(files['plot_quality']).name})",
+        "## Bits per dimension",
+        "| weights | variant | bits/dim |\n|---|---|---|\n" + "\n".join(
+            f"| {w['name']} | {w['variant'] or '—'} | {w['bits_per_dim']:.4f} |" for w in result["weights"]),
+        "## Where our numbers differ from the paper's, and why (as far as measured)",
+        "\n".join(f"- {x}" for x in differences(result)),
+        "## Method",
+        "\n".join(f"- {x}" for x in method_notes(result)),
+        "## Image grid",
+        "Columns: 8x8 input, bicubic, greedy, blockwise exact, blockwise approximate, real face.",
+        "\n\n".join(f"![grid {n}]({Path(p).name})" for n, p in files.items() if n.startswith("grid_")),
+    ]
+    if result["skipped"]:
+        parts += ["## Skipped", "\n".join(f"- {x}" for x in result["skipped"])]
+    return "\n\n".join(parts) + "\n"
+
+
+def method_notes(result) -> list[str]:
+    s = result["settings"]
+    perc = s["perceptual"]
+    notes = [
+        "Mean accepted block size: all tokens / all decoding steps over the images (3072 tokens per image; "
+        "a step is one accepted block). Calls per image count the first, prefix-free call too.",
+        f"PSNR: `skimage.metrics.peak_signal_noise_ratio`, {s['psnr']}, per image on uint8 RGB, then averaged.",
+        f"SSIM: `skimage.metrics.structural_similarity`, {s['ssim']}, per image, then averaged.",
+        (f"Perceptual distance: {perc['label']}, inputs {perc['resize']} to [-1, 1]. {perc['note']}."
+         if perc else "Perceptual distance: not computed (--perceptual none)."),
+        "Bits/dim: " + s["bits_per_dim"] + ".",
+        f"Greedy without a KV cache: the real decoder (`decoding.greedy_uncached`) is timed on the first "
+        f"{s['uncached_prefix_tokens']} tokens of one batch, and one step (forward over the prefix + argmax) is "
+        "timed (median of 3) at every prefix length it uses (whole attention blocks, L, 2L, ..., 3072); a line "
+        "a + b*T is fitted to those step costs and summed over the decoder's 3072 steps. Its cost per token "
+        "grows with the prefix over the whole image, so a linear extrapolation of the first tokens would be "
+        "too low (the row's notes give both).",
+    ]
+    for w in result["weights"]:
+        u = w["uncached_timing"]
+        notes.append(f"{w['name']}: no-cache prefix measured {u['prefix_seconds_measured']:.3f} s vs "
+                     f"{u['prefix_seconds_predicted']:.3f} s predicted by the step timings ({u['prefix_check']:.2f}x); "
+                     f"estimate {u['seconds_batch'] / u['batch']:.2f} s per image, linear extrapolation "
+                     f"{u['linear_extrapolation_seconds_batch'] / u['batch']:.2f} s.")
+    return notes
+
+
+def headline_markdown(result, files) -> str:
+    """The headline table and plot, with command, date and machine: for the README."""
+    m = result["machine"]
+    pk = result["summary"]["peak_speedup_vs_greedy"]
+    pu = result["summary"]["peak_speedup_vs_uncached_greedy"]
+    peak = (f"Peak wall-clock speedup {pk['speedup']:.2f}x over KV-cached greedy ({pk['mode']}, k={pk['k']}), "
+            f"{pu['speedup']:.2f}x over greedy without a cache; the paper: 4.0x at k=6." if pk else "")
+    return "\n\n".join([
+        "Mean accepted block size on the held-out test split, ours (paper's Table 2):",
+        table2_markdown(result), peak,
+        f"![speedup vs k]({Path(files['plot_speedup']).name})",
+        f"Command: `{result['command']}`; {result['created']}; {m['cpu']}"
+        + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch threads: {m['torch_threads']}, "
+        f"batch {result['settings']['batch_size']}, {result['data']['n_images']} faces.",
+    ]) + "\n"
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_mean_block(result, path: Path):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    vmap = {w["name"]: w["variant"] for w in result["weights"]}
+    drawn = set()
+    for i, ((w, m), rows) in enumerate(_blockwise_lines(result).items()):
+        c = f"C{i % 10}"
+        ax.plot([1] + [r["k"] for r in rows], [1.0] + [r["mean_block"] for r in rows], "o-", color=c,
+                label=f"ours: {w}, {m}")
+        key = (vmap.get(w), m)
+        if key in PAPER_TABLE2 and key not in drawn:
+            drawn.add(key)
+            t = PAPER_TABLE2[key]
+            ax.plot([1] + list(t), [1.0] + list(t.values()), "x--", color=c, alpha=0.7,
+                    label=f"paper: {key[0]}, {m}")
+    ks = [1] + result["settings"]["ks"]
+    ax.plot(ks, ks, ":", color="grey", label="upper bound (block = k)")
+    ax.set(xlabel="k (block size)", ylabel="mean accepted block size", title="Mean accepted block size vs k")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_speedup(result, path: Path):
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharex=True)
+    g = {r["weights"]: r for r in result["records"] if r["method"] == "greedy"}
+    for i, ((w, m), rows) in enumerate(_blockwise_lines(result).items()):
+        c = f"C{i % 10}"
+        ks = [1] + [r["k"] for r in rows]
+        axes[0].plot(ks, [1.0] + [r["speedup_vs_greedy"] for r in rows], "o-", color=c, label=f"{w}, {m}")
+        axes[1].plot(ks, [g[w]["speedup_vs_uncached_greedy"]] + [r["speedup_vs_uncached_greedy"] for r in rows],
+                     "o-", color=c, label=f"{w}, {m}")
+    for ax, title in zip(axes, ["over greedy with a KV cache (same run)", "over greedy without a KV cache (est.)"]):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.plot([PAPER_PEAK["k"]], [PAPER_PEAK["speedup"]], "*", ms=14, color="black",
+                label="paper: 4.0x at k=6 (fine-tuned, eps=2)")
+        ax.set(xlabel="k (block size)", ylabel="wall-clock speedup", title=title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _eps_of(mode):
+    return 0 if mode == "exact" else int(mode.split("=")[1]) if mode.startswith("eps=") else None
+
+
+def plot_quality(result, path: Path):
+    plt = _plt()
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
+    perc = (result["settings"]["perceptual"] or {}).get("label", "perceptual")
+    fields = [("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("perceptual", perc)]
+    lines = {}
+    for r in result["records"]:
+        e = _eps_of(r["mode"]) if r["method"] == "blockwise" else None
+        if e is not None:
+            lines.setdefault((r["weights"], r["k"]), []).append((e, r))
+    bic = next((r for r in result["records"] if r["method"] == "bicubic"), None)
+    for row, ref in enumerate(["real", "exact"]):
+        for col, (f, label) in enumerate(fields):
+            ax = axes[row, col]
+            for i, ((w, k), pts) in enumerate(lines.items()):
+                pts = sorted((e, r[f"{f}_vs_{ref}"]) for e, r in pts if r[f"{f}_vs_{ref}"] is not None
+                             and math.isfinite(r[f"{f}_vs_{ref}"]))
+                if pts:
+                    ax.plot(*zip(*pts), "o-", color=f"C{i % 10}", label=f"{w}, k={k}", ms=4)
+            if ref == "real" and bic is not None and bic[f"{f}_vs_real"] is not None:
+                ax.axhline(bic[f"{f}_vs_real"], ls="--", color="grey", label="bicubic")
+            ax.set(xlabel="eps (0 = exact)", ylabel=label, title=f"{label.split(' (')[0]} vs {ref}")
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=6)
+    fig.suptitle("Quality vs eps (against the real face, top; against the exact output, bottom)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_all(result: dict, samples: dict, out: Path) -> dict:
+    """Plots, image grids, report.md and headline.md under `out`; returns their paths."""
+    out = Path(out)
+    files = {"plot_mean_block": str(out / "mean_block_vs_k.png"), "plot_speedup": str(out / "speedup_vs_k.png"),
+             "plot_quality": str(out / "quality_vs_eps.png")}
+    plot_mean_block(result, Path(files["plot_mean_block"]))
+    plot_speedup(result, Path(files["plot_speedup"]))
+    plot_quality(result, Path(files["plot_quality"]))
+    for name, m in samples["models"].items():
+        ks = sorted({k for k, _ in (key for key in m if key != "greedy")})
+        k = 6 if 6 in ks else max(ks, default=None)
+        modes = [mode for kk, mode in (key for key in m if key != "greedy") if kk == k]
+        exact = "exact" if "exact" in modes else None
+        approx = next((x for x in modes if x.startswith("eps=")), None) or next(
+            (x for x in modes if x != "exact"), None)
+        p = out / f"grid_{name}.png"
+        grid_image(samples, name, k, exact, approx).save(p)
+        files[f"grid_{name}"] = str(p)
+    files["report"] = str(out / "report.md")
+    files["headline"] = str(out / "headline.md")
+    Path(files["report"]).write_text(report_markdown(result, files))
+    Path(files["headline"]).write_text(headline_markdown(result, files))
+    return files

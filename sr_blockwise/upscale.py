@@ -1,0 +1,620 @@
+"""Batch upscaling: folders, files and globs of faces in, 32x32 results out.
+
+The pipeline per image is the demo's: open_rgb -> image_to_input (centre-square or CelebA crop,
+area downsample to 8x8; 8x8 images as is) -> blockwise decoding -> 32x32. Images are decoded
+together in batches; the decoder keeps each image's own position and accepted length, so an
+image's output does not depend on its batch.
+
+Safety rules, each enforced below:
+- outputs are written to a hidden temporary file in the target folder and renamed into place, so
+  an interrupted run never leaves a half-written image (and --skip-existing can trust what exists);
+- no output path may be an input (or ground-truth) file: such runs are refused before any work;
+- a file that cannot be read is recorded with its reason and the run goes on;
+- the first Ctrl-C (or SIGTERM) finishes the current batch and stops with a summary; a second
+  one stops at once (the unfinished batch is simply not written).
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+from PIL import Image
+
+from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, image_to_input, open_rgb
+
+GREEDY_CALLS = 3072  # plain greedy decoding: one model call per intensity (32*32*3)
+SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
+    "png": ("PNG", {}),
+    "jpg": ("JPEG", {"quality": 95, "subsampling": 0}),  # 4:4:4, no chroma blur
+    "webp": ("WEBP", {"lossless": True}),
+}
+# the same settings as sr_blockwise/metrics.py (used by `evaluate`), so numbers compare
+SSIM_SETTINGS = {"data_range": 255, "channel_axis": -1, "gaussian_weights": True, "sigma": 1.5,
+                 "use_sample_covariance": False}
+METRIC_FIELDS = ["input", "output", "status", "reason", "mode", "k", "eps", "temperature", "seed",
+                 "batch_size", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
+                 "psnr_bicubic", "ssim_bicubic"]
+# Pillow registers some formats it can only identify, not decode (or that need ghostscript)
+_NOT_DECODABLE = {".bufr", ".grib", ".h5", ".hdf", ".mpeg", ".mpg", ".eps", ".ps"}
+
+
+def readable_exts() -> set[str]:
+    """File extensions a folder scan picks up: everything Pillow can open."""
+    Image.init()
+    pil = {e for e, fmt in Image.registered_extensions().items() if fmt in Image.OPEN}
+    return (pil - _NOT_DECODABLE) | IMAGE_EXTS
+
+
+@dataclass
+class Job:
+    src: Path  # the input file, as found
+    rel: PurePosixPath  # its path relative to the common base of the inputs (mirrored in OUTDIR)
+    out: Path
+    compare: Path | None = None
+    gt: Path | None = None
+
+
+@dataclass
+class Config:
+    inputs: list[str]
+    outdir: str
+    mode: str = "exact"
+    k: int = 6
+    eps: int = 2
+    temperature: float = 1.0
+    seed: int = 0
+    weights: str | None = None
+    batch_size: int = 8
+    device: str = "auto"
+    dtype: str = "bfloat16"
+    threads: int = 0
+    ext: str = "png"
+    suffix: str = ""
+    skip_existing: bool = False
+    compare: bool = False
+    metrics: str | None = None
+    ground_truth: str | None = None
+    shard: str | None = None  # "I/N" or "auto" (torchrun's RANK/WORLD_SIZE)
+    measure_greedy: bool = False
+    dry_run: bool = False
+    quiet: bool = False
+
+
+# ---------------------------------------------------------------- finding the inputs
+
+def _glob_root(pattern: str) -> Path:
+    """The folder part of a glob before its first wildcard: outputs mirror the tree below it."""
+    parts = []
+    for part in Path(pattern).parts:
+        if glob.has_magic(part):
+            break
+        parts.append(part)
+    return Path(*parts) if parts else Path(".")
+
+
+def _scan(folder: Path, exts: set[str], exclude: Path | None, ignored: list[Path]) -> list[Path]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(folder):  # does not follow folder symlinks: no cycles
+        dirnames.sort()
+        if exclude is not None:  # an OUTDIR inside the input folder is not an input
+            dirnames[:] = [d for d in dirnames if (Path(dirpath) / d).resolve() != exclude]
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            (files if p.suffix.lower() in exts else ignored).append(p)
+    return files
+
+
+def find_inputs(inputs: list[str], outdir: Path) -> tuple[list[tuple[Path, Path]], list[Path], list[Path]]:
+    """Expand files, folders and glob patterns. Returns ([(file, root)], scanned folders, ignored
+    files). Files named explicitly are always tried; folder and glob matches need an image
+    extension (the others are listed as ignored)."""
+    exts, out_res = readable_exts(), outdir.resolve()
+    found, folders, ignored = [], [], []
+
+    def add_folder(d: Path, root: Path):
+        if d.resolve() == out_res:
+            raise ValueError(f"OUTDIR {outdir} is the input folder {d}: results would mix with the "
+                             "inputs; choose another folder")
+        folders.append(d)
+        found.extend((f, root) for f in _scan(d, exts, out_res, ignored))
+
+    for spec in inputs:
+        p = Path(spec)
+        if p.is_file():
+            found.append((p, p.parent))
+        elif p.is_dir():
+            add_folder(p, p)
+        elif glob.has_magic(spec):
+            matches = sorted(glob.glob(spec, recursive=True))
+            if not matches:
+                raise ValueError(f"no files match {spec!r}")
+            root = _glob_root(spec)
+            for m in map(Path, matches):
+                if m.is_dir():
+                    add_folder(m, root)
+                elif out_res in m.resolve().parents:
+                    continue  # an earlier result matched by a broad pattern
+                elif m.suffix.lower() in exts:
+                    found.append((m, root))
+                else:
+                    ignored.append(m)
+        else:
+            raise FileNotFoundError(f"no such file or folder: {spec}")
+    return found, folders, ignored
+
+
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    """'I/N' -> (I, N); 'auto' reads torchrun's RANK and WORLD_SIZE; None -> (0, 1)."""
+    if spec is None:
+        return 0, 1
+    if spec == "auto":
+        spec = f"{os.environ.get('RANK', 0)}/{os.environ.get('WORLD_SIZE', 1)}"
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {spec!r}: expected I/N, e.g. 0/4, or auto") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ValueError(f"--shard {spec}: need 0 <= I < N")
+    return i, n
+
+
+def shard_of(rel: PurePosixPath, n: int) -> int:
+    """Which of n shards processes this input. It depends on the relative path alone (not on the
+    other files), so every process agrees even if they list the inputs at different moments."""
+    return int.from_bytes(hashlib.sha1(str(rel).encode()).digest()[:8], "big") % n
+
+
+def _gt_index(gt_dir: Path) -> dict[tuple[str, str], list[Path]]:
+    """(relative folder, stem) -> ground-truth files, for matching by relative path and stem."""
+    index = {}
+    for f in _scan(gt_dir, readable_exts(), None, []):
+        rel = PurePosixPath(f.relative_to(gt_dir).as_posix())
+        index.setdefault((str(rel.parent), rel.stem), []).append(f)
+    return index
+
+
+def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
+    """All jobs of this shard, sorted by relative path; raises ValueError for bad arguments."""
+    outdir = Path(cfg.outdir)
+    if outdir.exists() and not outdir.is_dir():
+        raise ValueError(f"OUTDIR {outdir} exists and is not a folder")
+    if cfg.ext not in SAVE_ARGS:
+        raise ValueError(f"--ext {cfg.ext!r}: choose from {sorted(SAVE_ARGS)}")
+    if any(c in cfg.suffix for c in "/\\"):
+        raise ValueError(f"--suffix {cfg.suffix!r} must not contain a path separator")
+    found, folders, ignored = find_inputs(cfg.inputs, outdir)
+
+    # mirror the tree below the common folder of all inputs
+    base = Path(os.path.commonpath([os.path.abspath(r) for _, r in found])) if found else Path(".")
+    jobs, seen = {}, set()
+    for f, _ in found:
+        key = f.resolve()
+        if key in seen:  # the same file via two inputs: decode it once
+            continue
+        seen.add(key)
+        rel = PurePosixPath(Path(os.path.abspath(f)).relative_to(base).as_posix())
+        jobs[rel] = Job(f, rel, Path())
+    ordered = [jobs[r] for r in sorted(jobs)]
+
+    # output names: STEM+SUFFIX.EXT in the mirrored folder; photo.jpg and photo.png side by side
+    # would collide, so those keep their input extension in the name (photo_jpg.png)
+    def name(j: Job, with_ext: bool) -> Path:
+        stem = j.rel.stem + (f"_{j.rel.suffix.lstrip('.').lower()}" if with_ext else "")
+        return outdir.joinpath(*j.rel.parent.parts, f"{stem}{cfg.suffix}.{cfg.ext}")
+
+    counts = {}
+    for j in ordered:
+        counts[name(j, False)] = counts.get(name(j, False), 0) + 1
+    for j in ordered:
+        j.out = name(j, counts[name(j, False)] > 1)
+        if cfg.compare:
+            j.compare = j.out.with_name(f"{j.out.stem}_compare.{cfg.ext}")
+    outs = {}
+    for j in ordered:
+        for o in (j.out, j.compare):
+            if o is not None and outs.setdefault(o, j) is not j:
+                raise ValueError(f"{j.src} and {outs[o].src} would both be written to {o}; "
+                                 "rename one or run them separately")
+
+    if cfg.ground_truth:
+        gt_dir = Path(cfg.ground_truth)
+        if not gt_dir.is_dir():
+            raise FileNotFoundError(f"--ground-truth {gt_dir}: no such folder")
+        index = _gt_index(gt_dir)
+        for j in ordered:
+            cands = index.get((str(j.rel.parent), j.rel.stem), [])
+            exact = [c for c in cands if c.name == j.rel.name]
+            j.gt = (exact or cands or [None])[0]
+
+    # inputs are never overwritten: refuse before any work
+    protected = {j.src.resolve() for j in ordered} | {j.gt.resolve() for j in ordered if j.gt}
+    for o, j in outs.items():
+        if o.resolve() in protected:
+            raise ValueError(f"OUTDIR {outdir} would overwrite {o}, which is an input; "
+                             "choose another OUTDIR (or --suffix / --ext)")
+
+    i, n = parse_shard(cfg.shard)
+    mine = [j for j in ordered if shard_of(j.rel, n) == i]
+    info = {"base": base, "folders": folders, "ignored": ignored, "total": len(ordered), "shard": (i, n)}
+    return mine, ignored, info
+
+
+# ---------------------------------------------------------------- single images
+
+def load_input(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    """A file -> (8x8x3 input, 32x32 face or None): the demo's crop and downsample."""
+    return image_to_input(open_rgb(path))
+
+
+def load_ground_truth(path: Path) -> np.ndarray:
+    """A real face of any size -> 32x32 through the same crop as the inputs."""
+    _, face = image_to_input(open_rgb(path))
+    if face is None:
+        raise BadImage(f"{path}: an 8x8 image cannot be a 32x32 ground truth")
+    return face
+
+
+def save_atomic(img: np.ndarray, path: Path, ext: str) -> None:
+    """Write to a hidden temporary file next to `path`, then rename: readers (and a resumed run)
+    only ever see complete images."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fmt, kw = SAVE_ARGS[ext]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        Image.fromarray(img).save(tmp, format=fmt, **kw)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def compare_strip(lr: np.ndarray, out: np.ndarray, gt: np.ndarray | None = None, scale: int = 4) -> np.ndarray:
+    """8x8 input (nearest), bicubic, output [, ground truth], 32 px each with a white gap,
+    enlarged `scale` times so the pixels stay visible."""
+    panels = [enlarge(lr, 4), bicubic_upscale(lr), out] + ([gt] if gt is not None else [])
+    gap = np.full((32, 1, 3), 255, np.uint8)
+    row = np.concatenate([x for p in panels for x in (p, gap)][:-1], axis=1)
+    return enlarge(row, scale)
+
+
+def quality(gt: np.ndarray, img: np.ndarray) -> tuple[float, float]:
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+    with np.errstate(divide="ignore"):  # identical images: +inf dB, on purpose
+        p = peak_signal_noise_ratio(gt, img, data_range=255)
+    return float(p), float(structural_similarity(gt, img, **SSIM_SETTINGS))
+
+
+def job_seed(seed: int, rel: PurePosixPath) -> int:
+    """Sampling seed per image from --seed and its relative path: the same image gets the same
+    sample whatever its batch, shard or resume."""
+    return int.from_bytes(hashlib.sha1(f"{seed}:{rel}".encode()).digest()[:4], "big")
+
+
+# ---------------------------------------------------------------- the run
+
+def after_batch(summary: "Summary") -> None:
+    """Called after each batch is written. A hook for tests (e.g. to simulate a Ctrl-C)."""
+
+
+@dataclass
+class Summary:
+    total: int = 0  # jobs of this shard
+    done: int = 0
+    skipped: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    interrupted: bool = False
+    blocks: list[float] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    seconds: float = 0.0  # processing time (reading, decoding, writing), model loading excluded
+    load_seconds: float = 0.0
+    greedy_check: dict | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 130 if self.interrupted else (1 if self.failed else 0)
+
+    def lines(self, mode: str) -> list[str]:
+        left = self.total - self.done - self.skipped - len(self.failed)
+        rate = self.done / self.seconds if self.seconds > 0 else 0.0
+        out = [f"done {self.done}, skipped {self.skipped} (already there), failed {len(self.failed)}"
+               + (f", not processed {left} (interrupted: rerun with --skip-existing to finish)" if left else "")]
+        out.append(f"time {self.seconds:.1f} s ({rate:.2f} images/s), model loading {self.load_seconds:.1f} s")
+        if self.blocks:
+            calls = float(np.mean(self.calls))
+            out.append(f"mean block size {np.mean(self.blocks):.2f} tokens/call, {calls:.0f} model calls "
+                       f"per image ({GREEDY_CALLS / calls:.2f}x fewer than greedy)")
+        g = self.greedy_check
+        if g:
+            same = "" if g["identical"] is None else (", outputs identical to greedy" if g["identical"]
+                                                       else ", outputs DIFFER from greedy")
+            out.append(f"speedup over greedy: {g['speedup']:.2f}x wall clock on the first batch of "
+                       f"{g['images']} ({mode} {g['seconds']:.2f} s, greedy {g['greedy_seconds']:.2f} s){same}")
+        if self.failed:
+            out.append("failed:")
+            out.extend(f"  {p}: {r}" for p, r in self.failed[:50])
+            if len(self.failed) > 50:
+                out.append(f"  ... and {len(self.failed) - 50} more (see --metrics)")
+        return out
+
+
+class Metrics:
+    """Per-image rows in a .csv or .json file, rewritten atomically at the end and every minute.
+    With --skip-existing, rows of the previous run for the skipped images are kept."""
+
+    def __init__(self, path: str | None, settings: dict, skip_existing: bool):
+        self.path = Path(path) if path else None
+        self.settings, self.rows, self.previous, self.last = settings, [], {}, time.time()
+        if self.path and skip_existing and self.path.is_file():
+            try:
+                self.previous = {r["input"]: r for r in self._read() if r.get("status") == "done"}
+            except (OSError, ValueError, KeyError, TypeError):
+                self.previous = {}  # unreadable old metrics: start afresh
+
+    def _read(self) -> list[dict]:
+        if self.path.suffix == ".json":
+            return json.loads(self.path.read_text())["images"]
+        with open(self.path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def add(self, row: dict) -> None:
+        if row["status"] == "skipped" and row["input"] in self.previous:
+            row = self.previous[row["input"]]  # the run that made it measured it
+        self.rows.append(row)
+
+    def maybe_write(self, summary: Summary, every: float = 60.0) -> None:
+        if time.time() - self.last > every:
+            self.write(summary)
+
+    def write(self, summary: Summary) -> None:
+        if not self.path:
+            return
+        self.last = time.time()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            if self.path.suffix == ".json":
+                doc = {"settings": self.settings, "summary": {
+                    "done": summary.done, "skipped": summary.skipped, "failed": len(summary.failed),
+                    "interrupted": summary.interrupted, "seconds": summary.seconds,
+                    "mean_block": float(np.mean(summary.blocks)) if summary.blocks else None,
+                    "greedy_check": summary.greedy_check}, "images": self.rows}
+                tmp.write_text(json.dumps(doc, indent=1) + "\n")
+            else:
+                with open(tmp, "w", newline="") as f:
+                    w = csv.DictWriter(f, fieldnames=METRIC_FIELDS, extrasaction="ignore")
+                    w.writeheader()
+                    w.writerows(self.rows)
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def metrics_path(path: str | None, shard: tuple[int, int]) -> str | None:
+    """Several shards must not write one metrics file: {shard} in the name is replaced by the
+    shard index; without it, .shardI-of-N is inserted before the extension."""
+    if not path:
+        return None
+    if Path(path).suffix not in (".csv", ".json"):
+        raise ValueError(f"--metrics {path}: the file must end in .csv or .json")
+    i, n = shard
+    if "{shard}" in path:
+        return path.replace("{shard}", str(i))
+    if n > 1:
+        p = Path(path)
+        return str(p.with_name(f"{p.stem}.shard{i}-of-{n}{p.suffix}"))
+    return path
+
+
+def pick_device(name: str) -> str:
+    import torch
+    if name == "auto":
+        if torch.cuda.is_available():  # under torchrun, each process takes its own GPU
+            return f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
+        return "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"--device {name!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA GPU is available")
+    return name
+
+
+class _StopFlag:
+    """First Ctrl-C / SIGTERM: finish the current batch, then stop. Second: stop now."""
+
+    def __init__(self, quiet: bool):
+        self.set, self.quiet, self.old = False, quiet, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals only work there
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self.old[s] = signal.signal(s, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+        if not self.quiet:
+            print("\nstopping after the current batch (press Ctrl-C again to stop now)", file=sys.stderr)
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+def decode_batch(model, lrs: np.ndarray, jobs: list[Job], opts, progress=None):
+    """(B,8,8,3) -> (images, stats). Sampling decodes image by image with a per-image seed: the
+    decoder's noise depends on the position in the batch, ours must not."""
+    from .decoding import decode
+    if opts.temperature > 0:
+        res = [decode(model, lrs[i:i + 1], replace(opts, seed=job_seed(opts.seed, j.rel)))
+               for i, j in enumerate(jobs)]
+        return np.concatenate([r.images for r in res]), [r.stats[0] for r in res], sum(r.seconds for r in res)
+    r = decode(model, lrs, opts, progress=progress)
+    return r.images, r.stats, r.seconds
+
+
+def run(cfg: Config) -> int:
+    """The whole command; returns the exit code (0 all done, 1 some failed, 130 interrupted).
+    Bad arguments raise ValueError / FileNotFoundError (exit 2 in the CLI)."""
+    import torch
+    from tqdm import tqdm
+
+    from .checkpoints import default_weights, load_model
+    from .decoding import options_for
+
+    if cfg.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+    jobs, ignored, info = plan(cfg)
+    if info["total"] == 0:
+        raise ValueError("no images found in " + ", ".join(cfg.inputs)
+                         + (f" ({len(ignored)} files without an image extension ignored)" if ignored else ""))
+    mpath = metrics_path(cfg.metrics, info["shard"])
+    done_before = [j for j in jobs if cfg.skip_existing and j.out.is_file()
+                   and (j.compare is None or j.compare.is_file())]
+    skip = {id(j) for j in done_before}
+    todo = [j for j in jobs if id(j) not in skip]
+    say = (lambda *a: None) if cfg.quiet else (lambda msg: print(msg, file=sys.stderr))
+    i, n = info["shard"]
+    say(f"{info['total']} images under {info['base']}" + (f", shard {i}/{n}: {len(jobs)}" if n > 1 else "")
+        + (f", {len(done_before)} already done" if done_before else "")
+        + (f"; ignored {len(ignored)} files without an image extension (e.g. {ignored[0]})" if ignored else ""))
+    if cfg.dry_run:
+        for j in jobs:
+            print(f"{'skip' if id(j) in skip else 'todo'}\t{j.src}\t{j.out}")
+        return 0
+
+    opts = options_for(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed)
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if cfg.dtype not in dtypes:
+        raise ValueError(f"--dtype {cfg.dtype!r}: choose from {sorted(dtypes)}")
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    device = pick_device(cfg.device)
+    t0 = time.perf_counter()
+    weights = cfg.weights or default_weights()
+    model = load_model(weights, dtype=dtypes[cfg.dtype], device=device)
+    opts.check(model)  # k beyond this model's heads etc.: a bad argument, before any work
+
+    s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
+    settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
+                "temperature": opts.temperature or None, "seed": cfg.seed if opts.temperature else None,
+                "batch_size": cfg.batch_size, "device": device, "dtype": cfg.dtype, "shard": f"{i}/{n}",
+                "ssim": SSIM_SETTINGS, "psnr": {"data_range": 255}}
+    metrics = Metrics(mpath, settings, cfg.skip_existing)
+    base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size")}
+    for j in done_before:
+        metrics.add({"input": str(j.src), "output": str(j.out), "status": "skipped"})
+
+    bar = tqdm(total=len(todo), unit="img", desc="upscale" + (f" {i}/{n}" if n > 1 else ""),
+               disable=cfg.quiet, dynamic_ncols=True, smoothing=0.1)
+
+    def fail(j: Job, reason: str):
+        s.failed.append((str(j.src), reason))
+        metrics.add({"input": str(j.src), "output": str(j.out), "status": "failed", "reason": reason})
+        bar.write(f"failed: {j.src}: {reason}", file=sys.stderr)
+        bar.update(1)
+
+    def batches():
+        batch = []
+        for j in todo:
+            try:
+                lr, face = load_input(j.src)
+            except BadImage as e:
+                fail(j, str(e).removeprefix(f"{j.src}: "))
+                continue
+            except Exception as e:  # whatever else a strange file does, the run goes on
+                fail(j, f"{type(e).__name__}: {e}")
+                continue
+            batch.append((j, lr))
+            if len(batch) == cfg.batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def progress(tokens, done_counts, bmap, calls):  # live share of the current batch
+        bar.set_postfix_str(f"batch {done_counts.mean() / GREEDY_CALLS:.0%}", refresh=True)
+
+    t1 = time.perf_counter()
+    try:
+        with _StopFlag(cfg.quiet) as stop:
+            for batch in batches():
+                bjobs = [j for j, _ in batch]
+                lrs = np.stack([lr for _, lr in batch])
+                try:
+                    images, stats, secs = decode_batch(model, lrs, bjobs, opts, None if cfg.quiet else progress)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:  # e.g. out of GPU memory: report the batch, go on
+                    for j in bjobs:
+                        fail(j, f"decoding failed: {type(e).__name__}: {e}")
+                    continue
+                if cfg.measure_greedy and s.greedy_check is None and opts.k > 1:
+                    s.greedy_check = _greedy_check(model, lrs, images, secs, opts)
+                for j, lr, img, st in zip(bjobs, lrs, images, stats):
+                    row = {"input": str(j.src), "output": str(j.out), "status": "done", **base_row,
+                           "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
+                    try:
+                        gt = None
+                        if j.gt is not None:
+                            row["ground_truth"] = str(j.gt)
+                            try:
+                                gt = load_ground_truth(j.gt)
+                            except BadImage as e:
+                                row["reason"] = f"ground truth unusable: {e}"
+                        if gt is not None:
+                            row["psnr"], row["ssim"] = quality(gt, img)
+                            row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))
+                        save_atomic(img, j.out, cfg.ext)
+                        if j.compare is not None:
+                            save_atomic(compare_strip(lr, img, gt), j.compare, cfg.ext)
+                    except Exception as e:  # disk full, permissions...: this image failed
+                        fail(j, f"writing failed: {type(e).__name__}: {e}")
+                        continue
+                    s.done += 1
+                    s.blocks.append(st.mean_block)
+                    s.calls.append(st.calls)
+                    metrics.add(row)
+                    bar.update(1)
+                s.seconds = time.perf_counter() - t1
+                metrics.maybe_write(s)
+                after_batch(s)
+                if stop.set:
+                    s.interrupted = True
+                    break
+    except KeyboardInterrupt:  # the second Ctrl-C: the batch in flight is dropped
+        s.interrupted = True
+    finally:
+        s.seconds = time.perf_counter() - t1
+        bar.close()
+        metrics.write(s)
+    if not cfg.quiet:
+        print("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {mpath}" if mpath else ""))
+    elif s.failed:
+        print(f"{len(s.failed)} of {s.total} images failed", file=sys.stderr)
+    return s.exit_code
+
+
+def _greedy_check(model, lrs, images, seconds, opts) -> dict:
+    """Decode the first batch again greedily, at the same batch size: wall-clock speedup, and
+    (exact mode) whether the outputs match greedy as they must."""
+    from .decoding import DecodeOptions, decode
+    g = decode(model, lrs, DecodeOptions(k=1))
+    return {"images": len(lrs), "seconds": seconds, "greedy_seconds": g.seconds,
+            "speedup": g.seconds / seconds if seconds > 0 else math.nan,
+            "identical": bool((g.images == images).all()) if opts.is_exact else None}

@@ -1,0 +1,45 @@
+"""Weights I/O: round trip, and refusal (with a reason) of anything that does not match."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_tiny
+from sr_blockwise.checkpoints import WeightsError, list_weights, load_model, save_weights
+from sr_blockwise.decoding import DecodeOptions, decode
+from sr_blockwise.model import preset
+
+
+def test_roundtrip_gives_the_same_model(tmp_path):
+    m = make_tiny(3)
+    js = save_weights(m, tmp_path / "w", {"test_bits_per_dim": 7.9})
+    m2 = load_model(js, dtype=torch.float32, for_inference=False)
+    for (k, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert list_weights(tmp_path)[0]["meta"]["test_bits_per_dim"] == 7.9
+    lr = np.zeros((1, 8, 8, 3), np.uint8)
+    a = decode(m.for_inference(torch.float32), lr, DecodeOptions(k=2))
+    b = decode(load_model(tmp_path / "w.safetensors", dtype=torch.float32), lr, DecodeOptions(k=2))
+    np.testing.assert_array_equal(a.images, b.images)
+
+
+def test_wrong_or_damaged_weights_are_refused(tmp_path):
+    js = save_weights(make_tiny(0), tmp_path / "w")
+    with pytest.raises(WeightsError, match="config does not match"):
+        load_model(js, expect=preset("cpu"))
+    card = json.loads(js.read_text())
+    card["config"]["d_model"] = 64
+    card["config"]["n_heads"] = 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(card))
+    with pytest.raises(WeightsError, match="shape"):
+        load_model(bad)
+    st = tmp_path / "w.safetensors"
+    data = bytearray(st.read_bytes())
+    data[-1] ^= 0xFF
+    st.write_bytes(bytes(data))
+    with pytest.raises(WeightsError, match="sha256"):
+        load_model(js)
+    with pytest.raises(WeightsError, match="no weights named"):
+        load_model("no-such-weights")

@@ -1,0 +1,88 @@
+"""Data: the paper's crop, the 8x8 inputs, the fixed split, bad files."""
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sr_blockwise.cli import main
+from sr_blockwise.data import (BadImage, check_input, downsample_8, from_tokens, image_to_input,
+                               load_faces, open_rgb, photo_to_32, to_tokens)
+
+
+def test_downsample_is_the_4x4_box_average():
+    img = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    lr = downsample_8(img)
+    assert lr.shape == (8, 8, 3)
+    assert lr[2, 5, 1] == round(img[8:12, 20:24, 1].astype(float).mean() + 1e-9)
+
+
+def test_tokens_roundtrip_in_raster_order():
+    img = np.random.default_rng(1).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    t = to_tokens(img)
+    assert t.shape == (2, 3072) and t[0, 3 * 33 + 2] == img[0, 1, 1, 2]
+    np.testing.assert_array_equal(from_tokens(t), img)
+
+
+def test_celeba_crop_matches_the_prepared_array(celeba_npz):
+    """Our crop of a real aligned CelebA jpg reproduces the shipped 32x32 array."""
+    root = celeba_npz.parent / "celeba" / "img_align_celeba"
+    faces = load_faces(celeba_npz)
+    jpg = sorted(root.iterdir())[0]
+    i = int(np.flatnonzero(faces.ids == int(jpg.stem))[0])
+    ours = photo_to_32(Image.open(jpg)).astype(int)
+    assert np.abs(ours - faces.images[i]).mean() < 2.0
+
+
+def test_split_is_fixed_disjoint_and_holds_out_test(celeba_npz):
+    faces = load_faces(celeba_npz)
+    tr, va, te = (set(faces.part(p).ids.tolist()) for p in ("train", "val", "test"))
+    assert not (tr & te) and not (tr & va) and not (va & te)
+    assert len(te) > 500 and all(i % 16 == 0 for i in te)
+    assert len(tr) + len(va) + len(te) == len(faces)
+
+
+def test_image_to_input_handles_modes_and_sizes():
+    for mode in ("RGBA", "L", "P", "RGB"):
+        lr, face = image_to_input(Image.new(mode, (300, 200)))
+        assert lr.shape == (8, 8, 3) and face.shape == (32, 32, 3)
+    tiny = np.random.default_rng(2).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    lr, face = image_to_input(Image.fromarray(tiny))
+    np.testing.assert_array_equal(lr, tiny)
+    assert face is None
+
+
+def test_bad_files_give_reasons(tmp_path):
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    text = tmp_path / "text.png"
+    text.write_text("not an image")
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(buf, "JPEG")
+    trunc = tmp_path / "trunc.jpg"
+    trunc.write_bytes(buf.getvalue()[:200])
+    for p, why in ((empty, "empty"), (text, "not a readable image"), (trunc, "not a readable image")):
+        with pytest.raises(BadImage, match=why):
+            open_rgb(p)
+
+
+def test_check_input_refuses_bad_arrays():
+    with pytest.raises(ValueError, match="shape"):
+        check_input(np.zeros((32, 32, 3), np.uint8))
+    with pytest.raises(ValueError, match="dtype"):
+        check_input(np.zeros((8, 8, 3), np.float32))
+    assert check_input(np.zeros((8, 8, 3), np.int64)).dtype == np.uint8
+
+
+def test_prepare_from_a_folder_skips_bad_files(tmp_path, capsys):
+    src = tmp_path / "photos"
+    (src / "sub").mkdir(parents=True)
+    Image.new("RGB", (178, 218), "blue").save(src / "000001.jpg")
+    Image.new("LA", (50, 80)).save(src / "sub" / "grey.png")
+    (src / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    out = tmp_path / "out.npz"
+    assert main(["prepare", str(src), "-o", str(out), "--quiet"]) == 0
+    faces = load_faces(out)
+    assert len(faces) == 2
+    assert "skipped 1" in capsys.readouterr().out
+    assert main(["prepare", str(tmp_path / "missing"), "-o", str(out)]) == 2

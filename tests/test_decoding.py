@@ -1,0 +1,129 @@
+"""Decoding properties: exact blockwise == greedy, acceptance rules, batch invariance, errors."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_tiny
+from sr_blockwise.decoding import DecodeOptions, accepted_length, decode, greedy, options_for
+from sr_blockwise.data import to_tokens
+from sr_blockwise.model import SEQ_LEN
+
+
+def oracle_proposer(target_tokens: np.ndarray, wrong_rate: float, seed: int = 0):
+    """Proposes the given sequence's next tokens, corrupting some, so blocks of every length get
+    accepted and rejected (random heads of an untrained model almost never agree)."""
+    target = torch.as_tensor(np.concatenate([target_tokens, np.zeros((len(target_tokens), 32), np.int64)], 1))
+    g = torch.Generator().manual_seed(seed)
+
+    def propose(t, rows, k):
+        idx = t[:, None] + torch.arange(1, k)
+        p = target[rows[:, None], idx]
+        wrong = torch.rand(p.shape, generator=g) < wrong_rate
+        return torch.where(wrong, torch.randint(0, 256, p.shape, generator=g), p)
+
+    return propose
+
+
+@pytest.fixture(scope="module")
+def setup64():
+    m = make_tiny(7).for_inference(torch.float64)
+    lr = np.random.default_rng(7).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
+    return m, lr, greedy(m, lr)
+
+
+def test_greedy_makes_one_call_per_token(setup64):
+    m, lr, g = setup64
+    assert all(s.calls == SEQ_LEN and s.block_hist == [SEQ_LEN] for s in g.stats)
+    assert g.images.shape == (3, 32, 32, 3) and g.images.dtype == np.uint8
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 6, 10])
+def test_exact_blockwise_equals_greedy(setup64, k):
+    m, lr, g = setup64
+    prop = oracle_proposer(to_tokens(g.images), wrong_rate=0.15, seed=k)
+    r = decode(m, lr, DecodeOptions(k=k, rule="exact"), proposer=prop)
+    np.testing.assert_array_equal(r.images, g.images)
+    alone = decode(m, lr[1:2], DecodeOptions(k=k, rule="exact"), proposer=oracle_proposer(to_tokens(g.images[1:2]), 0.15))
+    np.testing.assert_array_equal(alone.images[0], g.images[1])
+    for s in r.stats:
+        assert sum((n + 1) * c for n, c in enumerate(s.block_hist)) == SEQ_LEN
+        assert s.calls - sum(s.block_hist) in (0, 1)  # one call per block, plus the first
+        if k > 2:
+            assert s.mean_block > 1.5 and s.block_hist[k - 1] > 0  # long blocks were exercised
+
+
+def test_exact_with_the_models_own_heads_equals_greedy(setup64):
+    m, lr, g = setup64
+    r = decode(m, lr, DecodeOptions(k=4))
+    np.testing.assert_array_equal(r.images, g.images)
+
+
+def test_eps_zero_is_exact_and_eps_bounds_every_token(setup64):
+    m, lr, g = setup64
+    prop = lambda: oracle_proposer(to_tokens(g.images), 0.3, seed=1)
+    exact = decode(m, lr, DecodeOptions(k=6, rule="exact"), proposer=prop())
+    eps0 = decode(m, lr, DecodeOptions(k=6, rule="eps", eps=0), proposer=prop())
+    np.testing.assert_array_equal(eps0.images, exact.images)
+    assert [s.block_hist for s in eps0.stats] == [s.block_hist for s in exact.stats]
+    # proposals off by up to 5 levels: with eps=3 some are accepted that exact would reject
+    base = oracle_proposer(to_tokens(g.images), 0.0)
+    near = lambda t, rows, k: (base(t, rows, k) + torch.randint(-5, 6, (len(rows), k - 1))).clamp(0, 255)
+    r = decode(m, lr, DecodeOptions(k=6, rule="eps", eps=3), proposer=near)
+    assert np.mean([s.mean_block for s in r.stats]) > 1.1
+    # teacher-force the output: every token is within eps of p1's argmax given its own prefix
+    with torch.no_grad():
+        out = torch.from_numpy(to_tokens(r.images))
+        best = m.logits(m(torch.from_numpy(to_tokens(lr)), out)).argmax(-1)
+    assert (out - best).abs().max() <= 3
+    assert (out != best).any()  # the rule did accept non-greedy tokens
+
+
+def test_accepted_length_rules():
+    props = torch.tensor([[5, 10, 20, 30]])
+    logits = torch.full((1, 4, 256), -10.0)
+    for j, v in enumerate([10, 22, 99, 0]):  # p1's argmax at each verify position
+        logits[0, j, v] = 10.0
+    logits[0, 1, 20] = 9.0  # 20 is p1's second choice at position 1
+    acc = lambda **kw: int(accepted_length(props, logits, DecodeOptions(k=4, **kw))[0])
+    assert acc(rule="exact") == 2  # sure token + 10
+    assert acc(rule="eps", eps=2) == 3  # 20 vs 22 within 2; 30 vs 99 not
+    assert acc(rule="topk", top_k=2) == 3
+    assert acc(rule="oracle") == 4
+    assert acc(rule="exact", min_block=4) == 4
+
+
+def test_bf16_exact_equals_bf16_greedy():
+    """In the shipped dtype: fixed-shape calls keep 1-token and k-token numerics alike."""
+    m = make_tiny(8).for_inference(torch.bfloat16)
+    lr = np.random.default_rng(8).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    g = greedy(m, lr)
+    r = decode(m, lr, DecodeOptions(k=6), proposer=oracle_proposer(to_tokens(g.images), 0.2))
+    np.testing.assert_array_equal(r.images, g.images)
+
+
+def test_sampling_is_seeded_and_batch_invariant():
+    m = make_tiny(9).for_inference(torch.float32)
+    lr = np.random.default_rng(9).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    opts = options_for("sample", temperature=1.0, seed=3)
+    a, b = decode(m, lr, opts), decode(m, lr, opts)
+    np.testing.assert_array_equal(a.images, b.images)
+    assert not np.array_equal(a.images, greedy(m, lr).images)
+    first = decode(m, lr[:1], opts)
+    np.testing.assert_array_equal(first.images[0], a.images[0])
+
+
+def test_bad_inputs_are_refused_with_reasons():
+    m = make_tiny(0).for_inference(torch.float32)
+    lr = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"shape \(8, 8, 3\)"):
+        decode(m, np.zeros((16, 16, 3), np.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        decode(m, np.zeros((8, 8, 3), np.float32))
+    with pytest.raises(ValueError, match="0..255"):
+        decode(m, np.full((8, 8, 3), 300))
+    with pytest.raises(ValueError, match="heads"):
+        decode(m, lr, DecodeOptions(k=11))
+    with pytest.raises(ValueError, match="eps"):
+        decode(m, lr, DecodeOptions(k=2, rule="eps", eps=-1))
+    with pytest.raises(ValueError, match="mode"):
+        options_for("fast")

@@ -1,0 +1,219 @@
+"""The Gradio demo (apps/demo.py): the real server on 127.0.0.1, driven through gradio_client and
+a real headless Chromium. The model is the random tiny one from conftest (no mocks).
+
+To refresh docs/demo-screenshot.png with real weights:
+  SR_BLOCKWISE_DEMO_WEIGHTS=weights/cpu-finetuned.json \
+  SR_BLOCKWISE_DEMO_SCREENSHOT=docs/demo-screenshot.png .venv/bin/python -m pytest -q tests/test_demo.py -k browser
+"""
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from apps.demo import (FILL, BadImage, block_map_image, build_app, compare, detect_face_square, launch,
+                       partial_image, prepare_input, register)
+from apps.examples import builtin_examples, celeba_examples
+from sr_blockwise.checkpoints import load_model
+from sr_blockwise.data import image_to_input, open_rgb
+from sr_blockwise.decoding import decode, options_for
+
+K, EPS = 6, 8  # what the tests ask for; both decodes of the tiny model take a few seconds each
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_weights):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine is shared: one thread decodes the tiny model fastest
+    yield load_model(os.environ.get("SR_BLOCKWISE_DEMO_WEIGHTS", tiny_weights))
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    demo = build_app(model, "tiny-random", builtin_examples()[:4], [], progress_every=8,
+                     example_dir=str(tmp_path_factory.mktemp("examples")))
+    port = free_port()
+    launch(demo, port=port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A photo to upload and the broken files the issue names."""
+    import skimage.data
+    d = tmp_path_factory.mktemp("uploads")
+    Image.fromarray(skimage.data.astronaut()).save(d / "astronaut.jpg", quality=92)
+    data = (d / "astronaut.jpg").read_bytes()
+    (d / "truncated.jpg").write_bytes(data[: len(data) // 3])
+    (d / "empty.png").write_bytes(b"")
+    (d / "notes.txt").write_text("not an image at all\n")
+    Image.new("1", (8000, 6250)).save(d / "huge.png")  # 50 megapixels, a small file
+    return {p.stem: str(p) for p in d.iterdir()}
+
+
+# ---------------------------------------------------------------- without a server
+
+def test_import_is_light():
+    # `sr-blockwise --help` imports apps.demo: it must not pull in torch or gradio
+    code = "import sys, apps.demo; print('torch' in sys.modules, 'gradio' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_register_and_missing_weights():
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers(dest="command"))
+    args = p.parse_args(["demo", "--weights", "/nonexistent/weights.json", "--port", "7999"])
+    assert (args.host, args.port, args.share) == ("127.0.0.1", 7999, False)
+    with pytest.raises(ValueError, match="no weights"):  # the CLI prints it as a one-line error
+        args.func(args)
+
+
+def test_prepare_input(files, tmp_path):
+    p = prepare_input(files["astronaut"])
+    lr, face = image_to_input(open_rgb(files["astronaut"]))  # the shared crop + downsample
+    assert (p.lr == lr).all() and (p.face == face).all() and "512x512" in p.note
+    Image.fromarray(lr).save(tmp_path / "tiny.png")
+    q = prepare_input(tmp_path / "tiny.png")
+    assert (q.lr == lr).all() and q.face is None  # an 8x8 image is used as is
+    rgba = Image.fromarray(skimage_astronaut()).convert("RGBA")
+    rgba.putalpha(200)
+    for mode, img in [("L", Image.open(files["astronaut"]).convert("L")), ("P", rgba.convert("P")),
+                      ("RGBA", rgba)]:
+        img.save(tmp_path / f"x-{mode}.png")
+        assert prepare_input(tmp_path / f"x-{mode}.png").lr.shape == (8, 8, 3)
+    for bad, why in [("truncated", "not a readable image"), ("empty", "empty file"),
+                     ("notes", "not a readable image"), ("huge", "50 MP")]:
+        with pytest.raises(BadImage, match=why) as e:
+            prepare_input(files[bad])
+        assert os.path.dirname(files[bad]) not in str(e.value)  # no server paths in messages
+
+
+def skimage_astronaut():
+    import skimage.data
+    return skimage.data.astronaut()
+
+
+def test_detect_face_and_examples():
+    sq = detect_face_square(Image.fromarray(skimage_astronaut()))
+    assert sq is not None and sq.width == sq.height and 100 < sq.width < 200
+    assert detect_face_square(Image.new("RGB", (300, 200), "white")) is None
+    ex = builtin_examples()
+    assert len(ex) >= 5 and not any("celeba" in e.name for e in ex)
+    assert any(e.image.size == (8, 8) for e in ex)
+
+
+def test_celeba_examples(celeba_npz, tmp_path):
+    ex = celeba_examples(celeba_npz, n=4)
+    assert len(ex) == 4 and all(e.image.size == (32, 32) for e in ex)
+    ex[0].image.save(tmp_path / ex[0].name)
+    p = prepare_input(tmp_path / ex[0].name)
+    assert (p.face == np.asarray(ex[0].image)).all()  # the real 32x32 is known and shown
+    assert celeba_examples("/nonexistent/celeba32.npz") == []
+
+
+def test_frame_rendering():
+    tokens = np.arange(3072) % 256
+    img = partial_image(tokens, 100)
+    assert img.shape == (32, 32, 3) and img.reshape(-1)[99] == 99 and img.reshape(-1)[100] == FILL
+    bmap = np.full(3072, 6)
+    m = block_map_image(bmap, 3, 6)  # one pixel decoded, at the longest block: yellow
+    assert tuple(m[0, 0]) == (253, 231, 37) and tuple(m[0, 1]) == (FILL,) * 3
+
+
+def test_compare_modes():
+    a = np.zeros((32, 32, 3), np.uint8)
+    b = a.copy()
+    b[0, 0, 0] = 5
+    stats = {m: {"seconds": s} for m, s in [("exact", 1.0), ("approx", 0.5), ("greedy", 2.0)]}
+    compare(stats, {"exact": a, "approx": b, "greedy": a})
+    assert stats["approx"]["differs_from_exact"] == 1 and stats["approx"]["max_abs_diff_vs_exact"] == 5
+    assert stats["exact"]["identical_to_greedy"] and stats["approx"]["speedup_wall"] == 4.0
+
+
+# ---------------------------------------------------------------- through gradio_client
+
+def test_client_errors_are_messages(server, files):
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+    client = Client(server, verbose=False)
+    for bad, why in [("truncated", "not a readable image"), ("empty", "empty file"),
+                     ("notes", "not a readable image"), ("huge", "50 MP")]:
+        with pytest.raises(AppError, match=why):
+            client.predict(handle_file(files[bad]), "centre square", K, EPS, False, api_name="/upscale")
+    with pytest.raises(AppError, match="Upload a photo"):
+        client.predict(None, "centre square", K, EPS, False, api_name="/upscale")
+    lr, face, note = client.predict(handle_file(files["astronaut"]), "centre square", api_name="/preview")
+    assert Image.open(lr).size == (8, 8) and Image.open(face).size == (32, 32)  # the queue still serves
+
+
+def test_client_upscale_matches_library(server, files, model):
+    from gradio_client import Client, handle_file
+    client = Client(server, verbose=False)
+    out = client.predict(handle_file(files["astronaut"]), "centre square", K, EPS, False, api_name="/upscale")
+    lr_path, real_path, note, bicubic_path, status = out[:5]
+    exact_path, approx_path, stats = out[5], out[8], out[-1]
+    lr, face = image_to_input(open_rgb(files["astronaut"]))
+    assert (np.asarray(Image.open(lr_path)) == lr).all()
+    assert (np.asarray(Image.open(real_path)) == face).all()
+    assert np.asarray(Image.open(bicubic_path)).shape == (32, 32, 3)
+    for mode, path in [("exact", exact_path), ("approx", approx_path)]:
+        got = np.asarray(Image.open(path).convert("RGB"))
+        assert got.shape == (32, 32, 3)
+        ref = decode(model, lr[None], options_for(mode, K, EPS))  # the direct library call
+        assert (got == ref.images[0]).all(), mode
+        s, r = stats[mode], ref.stats[0]
+        assert (s["calls"], s["block_hist"], s["k"]) == (r.calls, r.block_hist, K), mode
+        assert s["mean_block"] == pytest.approx(r.mean_block)
+        assert s["speedup_calls"] == pytest.approx(3072 / r.calls)
+    assert stats["approx"]["eps"] == EPS and "Done" in status
+
+
+# ---------------------------------------------------------------- in a real browser
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+def test_browser(server, files, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+    shot = os.environ.get("SR_BLOCKWISE_DEMO_SCREENSHOT", str(tmp_path / "demo.png"))
+    outside = []  # requests leaving this machine: the page must make none
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "data:", "blob:"))
+                    else outside.append(r.url))
+            page.goto(server)
+            page.locator("#photo input[type=file]").set_input_files(files["astronaut"])
+            expect(page.locator("#lr img")).to_be_visible(timeout=30_000)  # the 8x8 the model sees
+            expect(page.locator("#note")).to_contain_text("512x512")
+            page.locator("#go").click()
+            expect(page.locator("#stats-exact")).to_contain_text("decoding", timeout=30_000)  # live
+            expect(page.locator("#stats-approx")).to_contain_text("done", timeout=90_000)
+            expect(page.locator("#stats-exact")).to_contain_text("model calls")
+            expect(page.locator("#status")).to_contain_text("Done", timeout=10_000)
+            for el in ("#out-exact img", "#out-approx img", "#map-exact img", "#bicubic img", "#real img"):
+                assert page.locator(el).evaluate("i => i.naturalWidth") == 32, el
+            page.screenshot(path=shot, full_page=True)
+
+            page.locator("#photo input[type=file]").set_input_files(files["truncated"])
+            expect(page.get_by_text("not a readable image").first).to_be_visible(timeout=30_000)
+            assert "Traceback" not in page.content()
+        finally:
+            browser.close()
+    assert outside == []

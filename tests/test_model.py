@@ -1,0 +1,111 @@
+"""Model properties: block-local attention, cached vs full forward, nested heads, configs."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import make_tiny
+from sr_blockwise.model import SEQ_LEN, ModelConfig, local_mask, preset
+
+
+def test_block_local_attention_equals_masked_full_attention():
+    m = make_tiny(1).double()
+    layer = m.decoder[0]
+    x = torch.randn(2, SEQ_LEN, m.cfg.d_model, dtype=torch.float64)
+    by_blocks = layer.local_self_attention(x)
+    # reference: ordinary attention over all 3072 positions with the explicit local mask
+    q, k, v = layer.self_attn.qkv(x).chunk(3, dim=-1)
+    pos = torch.arange(SEQ_LEN)
+    mask = local_mask(pos, pos, m.cfg.block_len)
+    full = layer.self_attn.out(layer.self_attn.attend(q, k, v, mask))
+    torch.testing.assert_close(by_blocks, full, rtol=0, atol=1e-12)
+
+
+def test_local_mask_shape_of_the_window():
+    L = 4
+    mask = local_mask(torch.arange(12), torch.arange(12), L)
+    assert mask[5].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5]  # prev block + causal
+    assert mask[9].nonzero().flatten().tolist() == [4, 5, 6, 7, 8, 9]  # block 0 no longer seen
+    assert mask[2].nonzero().flatten().tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cached_incremental_forward_matches_full_forward(seed):
+    m = make_tiny(seed).double()
+    B = 3
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, 256, (B, 192), generator=g)
+    tgt = torch.randint(0, 256, (B, SEQ_LEN), generator=g)
+    with torch.no_grad():
+        full = m(src, tgt)
+        cache = m.new_cache(src, max_extra=10)
+        prev = torch.cat([torch.full((B, 1), -1), tgt[:, :-1]], 1)
+        states, t = [], 0
+        while t < SEQ_LEN:  # uneven chunks, straddling block boundaries
+            n = min(int(torch.randint(1, 11, (1,), generator=g)), SEQ_LEN - t)
+            states.append(m.step(cache, prev[:, t : t + n], torch.full((B,), t)))
+            t += n
+        cached = torch.cat(states, 1)
+    torch.testing.assert_close(cached, full, rtol=0, atol=1e-10)
+
+
+def test_stale_cache_entries_are_overwritten():
+    """Rejected proposals leave K/V behind; feeding the true tokens later must overwrite them."""
+    m = make_tiny(2).double()
+    src = torch.randint(0, 256, (1, 192))
+    tgt = torch.randint(0, 256, (1, SEQ_LEN))
+    prev = torch.cat([torch.full((1, 1), -1), tgt[:, :-1]], 1)
+    with torch.no_grad():
+        full = m(src, tgt)
+        cache = m.new_cache(src)
+        out = []
+        t = 0
+        while t < 400:
+            junk = torch.randint(0, 256, (1, 8))
+            m.step(cache, junk, torch.tensor([t]))  # a speculative block that gets rejected
+            out.append(m.step(cache, prev[:, t : t + 3], torch.tensor([t])))
+            t += 3
+    torch.testing.assert_close(torch.cat(out, 1)[:, :400], full[:, :400], rtol=0, atol=1e-10)
+
+
+def test_step_on_a_subset_of_rows_matches_all_rows():
+    m = make_tiny(3).double()
+    src = torch.randint(0, 256, (4, 192))
+    toks = torch.randint(0, 256, (4, 5))
+    with torch.no_grad():
+        c1, c2 = m.new_cache(src), m.new_cache(src)
+        a = m.step(c1, toks, torch.tensor([0, 7, 130, 500]))
+        rows = torch.tensor([1, 3])
+        b = m.step(c2, toks[rows], torch.tensor([7, 500]), rows=rows)
+    torch.testing.assert_close(a[rows], b, rtol=0, atol=1e-12)
+
+
+def test_nested_heads_give_the_same_first_k_heads():
+    m = make_tiny(4).double()
+    h = torch.randn(5, m.cfg.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        all_k = m.head_logits(h, m.cfg.n_blockwise)
+        for k in (1, 2, 4, 6):
+            torch.testing.assert_close(m.head_logits(h, k), all_k[:, :k], rtol=0, atol=1e-12)
+        torch.testing.assert_close(all_k[:, 0], m.logits(h))
+
+
+def test_paper_head1_layer_option_routes_p1_through_heads():
+    m = make_tiny(5, head1="layer").double()
+    h = torch.randn(3, m.cfg.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m.head_logits(h, 3)[:, 0], m.logits(h))
+        assert not torch.allclose(m.logits(h), m.lm_head(h))
+
+
+def test_presets_and_bad_configs():
+    assert preset("paper").d_model == 512 and preset("paper").n_dec_layers == 8
+    assert preset("cpu").n_blockwise == 10
+    with pytest.raises(ValueError, match="divisible"):
+        ModelConfig(d_model=130, n_heads=4)
+    with pytest.raises(ValueError, match="block_len"):
+        ModelConfig(block_len=100)
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset("huge")
+    with pytest.raises(ValueError, match="unknown model config"):
+        ModelConfig.from_dict({**preset("tiny").to_dict(), "colour": 1})

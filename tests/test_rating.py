@@ -1,0 +1,410 @@
+"""Human rating study: build, rater sessions (library and real browser), storage, analysis."""
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sr_blockwise import rating
+from sr_blockwise.cli import main as cli_main
+from sr_blockwise.rating import RatingError, RatingService, StudyError
+
+ROOT = Path(__file__).resolve().parent.parent
+N_FACES, N_PRACTICE = 4, 2
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory, tiny_weights, celeba_npz):
+    """A tiny study: 4 faces (+2 practice) x greedy, eps=255:k=10 (fast) and the real photo."""
+    import torch
+    threads = torch.get_num_threads()
+    folder = tmp_path_factory.mktemp("study") / "s"
+    rating.build_study(folder, [f"greedy@{tiny_weights}", f"eps=255:k=10@{tiny_weights}", "real"],
+                       data=celeba_npz, n_faces=N_FACES, n_practice=N_PRACTICE, threads=1, progress=False,
+                       log=lambda *a: None)
+    torch.set_num_threads(threads)
+    return folder
+
+
+@pytest.fixture
+def study_copy(study_dir, tmp_path):
+    dst = tmp_path / "study"
+    shutil.copytree(study_dir, dst, ignore=shutil.ignore_patterns("ratings.sqlite*"))
+    return dst
+
+
+# ---------------------------------------------------------------- study building
+
+def test_conditions_and_comparisons():
+    conds, refs = rating.parse_conditions(rating.DEFAULT_CONDITIONS)
+    names = [c.name for c in conds]
+    assert names[0] == "greedy@cpu-frozen" and "exact:k=6@cpu-finetuned" in names
+    assert "eps=2:k=10@cpu-finetuned" in names and names[-1] == "real" and len(names) == 12
+    assert refs == {"cpu-frozen": "cpu-frozen", "cpu-finetuned": "cpu-finetuned"}
+    pairs = rating.parse_comparisons("baseline", conds)
+    assert ("eps=2:k=6@cpu-finetuned", "greedy@cpu-frozen") in pairs
+    assert ("greedy@cpu-frozen", "real") in pairs and len(pairs) == 11
+    (c,), refs = rating.parse_conditions(["exact:k=4@/x/y/my-weights.json"])
+    assert c.name == "exact:k=4@my-weights" and refs["my-weights"] == "/x/y/my-weights.json"
+    assert rating.parse_comparisons(["exact:k=2 vs greedy"], rating.parse_conditions(
+        ["greedy", "exact:k=2"])[0]) == [("exact:k=2@cpu-finetuned", "greedy@cpu-frozen")]
+    for bad, msg in [(["greedy:k=3"], "greedy decodes one token"), (["beam:k=2"], "unknown condition"),
+                     (["exact"], "block size"), (["greedy", "greedy"], "listed twice")]:
+        with pytest.raises(StudyError, match=msg):
+            rating.parse_conditions(bad)
+
+
+def test_build_manifest_and_resume(study_dir, study_copy, tiny_weights, celeba_npz):
+    st = rating.open_study(study_dir)
+    m = st.manifest
+    assert m["complete"] and len(st.study_id) == 16
+    s = m["settings"]
+    assert s["weights"]["tiny-random"]["sha256"] == json.loads(Path(tiny_weights).read_text())["sha256"]
+    assert s["seed"] == 0 and s["n_faces"] == N_FACES and s["question"] == rating.DEFAULT_QUESTION
+    assert st.comparisons == [("eps=255:k=10@tiny-random", "greedy@tiny-random"), ("greedy@tiny-random", "real")]
+    assert st.images["greedy@tiny-random"].shape == (N_FACES + N_PRACTICE, 32, 32, 3)
+    assert m["decode"]["eps=255:k=10@tiny-random"]["mean_block"] > 9
+    # a killed build: manifest not complete, one image missing -> the rerun decodes just that one
+    mp_ = study_copy / "manifest.json"
+    man = json.loads(mp_.read_text())
+    keep = {k: v for k, v in man.items() if k not in ("files", "study_id", "decode")}
+    mp_.write_text(json.dumps({**keep, "complete": False}))
+    cdir = study_copy / s["conditions"][1]["dir"]
+    (cdir / "0002.png").unlink()
+    before = (cdir / "0001.png").stat().st_mtime_ns
+    with pytest.raises(StudyError, match="did not finish"):
+        rating.open_study(study_copy)
+    args = dict(conditions=[f"greedy@{tiny_weights}", f"eps=255:k=10@{tiny_weights}", "real"], data=celeba_npz,
+                n_faces=N_FACES, n_practice=N_PRACTICE, threads=1, progress=False, log=lambda *a: None)
+    again = rating.build_study(study_copy, **args)
+    assert again["study_id"] == st.study_id and (cdir / "0002.png").exists()
+    assert (cdir / "0001.png").stat().st_mtime_ns == before
+    with pytest.raises(StudyError, match="different study.*n_faces"):
+        rating.build_study(study_copy, **{**args, "n_faces": 3})
+
+
+# ---------------------------------------------------------------- rater sessions (library)
+
+def test_plan_resume_and_limits(study_copy):
+    st = rating.open_study(study_copy)
+    plan = st.plan(st.rater_seed("r1"))
+    assert len(plan) == 2 * N_FACES + 1 and sum(t.attention for t in plan) == 1
+    assert len({t.pair for t in plan}) == len(plan)
+    assert plan != st.plan(st.rater_seed("r2"))  # order / sides differ per rater
+    svc = RatingService(st, trials_per_rater=6)
+    s = svc.begin("r1", consent=True)
+    assert svc.db.rater("r1")[0] == st.rater_seed("r1")  # the seed is recorded
+    for _ in range(N_PRACTICE):
+        assert svc.show(s).trial.practice
+        svc.answer(s, "left")
+    sides = ["left", "right", "left"]
+    for side in sides:
+        sh = svc.show(s)
+        assert not sh.trial.practice and sh.banner.startswith(f"Pair {sh.number} of 6")
+        assert svc.answer(s, side).startswith("Recorded")
+    svc.show(s)  # shown, not answered: the rater leaves
+    s2 = svc.begin("r1", consent=False)  # comes back: no practice, resumes at the 4th pair
+    sh = svc.show(s2)
+    assert not sh.trial.practice and sh.trial.index == 3 and sh.number == 4
+    svc.answer(s2, "right")
+    # the first window still shows pair 4 and answers it: refused, nothing changes
+    assert "already answered" in svc.answer(s, "left")
+    for _ in range(2):
+        svc.show(s2)
+        svc.answer(s2, "left")
+    assert svc.show(s2) is None  # the 6-pair limit
+    rows = svc.db.judgments()
+    assert [r["trial"] for r in rows] == list(range(6))
+    assert [r["chosen_side"] for r in rows] == sides + ["right", "left", "left"]
+    assert len({r["session"] for r in rows}) == 2
+    for r in rows:
+        t = plan[r["trial"]]
+        assert (r["pair"], r["left_cond"], r["attention"]) == (t.pair, t.left, int(t.attention))
+        assert r["chosen_cond"] == (t.left if r["chosen_side"] == "left" else t.right)
+        assert r["rt_ms"] >= 0 and r["app_version"].startswith("sr-blockwise")
+        assert r["weights"] == ("" if t.attention else f"tiny-random:{st.weights_sha['tiny-random'][:12]}")
+
+
+def test_bad_input_messages(study_dir, study_copy, tmp_path):
+    with pytest.raises(StudyError, match="no study folder"):
+        rating.open_study(tmp_path / "nope")
+    st = rating.open_study(study_copy)
+    svc = RatingService(st)
+    with pytest.raises(RatingError, match="consent"):
+        svc.begin("newbie", consent=False)
+    with pytest.raises(RatingError, match="rater id"):
+        svc.begin("  ", consent=True)
+    s = svc.begin("r1", consent=True)
+    s["practice"] = N_PRACTICE
+    svc.show(s)
+    svc.answer(s, "left")
+    before = svc.db.judgments()
+    with pytest.raises(RatingError, match="no pair is waiting"):
+        svc.answer(s, "left")
+    svc.show(s)
+    with pytest.raises(RatingError, match="unknown action 'up'"):
+        svc.answer(s, "up")
+    with pytest.raises(RatingError, match="no rating session"):
+        svc.answer(None, "left")
+    assert svc.db.judgments() == before
+    # a database of another study, and a file that is not a database
+    other = tmp_path / "other.sqlite"
+    rating.RatingDB(other, "0123456789abcdef")
+    with pytest.raises(StudyError, match="another study"):
+        RatingService(st, other)
+    junk = tmp_path / "junk.sqlite"
+    junk.write_text("not a database\n" * 100)
+    with pytest.raises(StudyError, match="not a usable ratings database"):
+        RatingService(st, junk)
+    # an altered image / manifest: refused, and the recorded judgments are untouched
+    img = next((study_copy / "images" / "real").glob("*.png"))
+    data = img.read_bytes()
+    img.write_bytes(data[:-5] + b"xxxxx")
+    with pytest.raises(StudyError, match="missing or altered"):
+        rating.open_study(study_copy)
+    img.write_bytes(data)
+    man = json.loads((study_copy / "manifest.json").read_text())
+    man["settings"]["question"] = "Which is prettier?"
+    (study_copy / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(StudyError, match="manifest.json was altered"):
+        rating.open_study(study_copy)
+    assert rating.RatingDB(study_copy / "ratings.sqlite", st.study_id).judgments() == before
+    # the command line says it plainly
+    assert cli_main(["rate", "analyze", str(study_copy)]) == 2
+    assert cli_main(["rate", "serve", str(tmp_path / "nope")]) == 2
+
+
+def _rater_worker(folder, db, rater, q):
+    svc = RatingService(rating.open_study(folder), db, trials_per_rater=0)
+    s = svc.begin(rater, consent=True)
+    s["practice"] = N_PRACTICE
+    acks = 0
+    while (sh := svc.show(s)) is not None:
+        acks += svc.answer(s, "left" if sh.trial.index % 3 else "right").startswith("Recorded")
+    q.put((rater, acks))
+
+
+def test_concurrent_raters(study_copy):
+    """Six writers at once, two of them the same rater in two windows: nothing lost or doubled."""
+    st = rating.open_study(study_copy)
+    db = study_copy / "ratings.sqlite"
+    RatingService(st, db)  # create the database once, as `serve` does
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    raters = ["a", "b", "c", "d", "shared", "shared"]
+    procs = [ctx.Process(target=_rater_worker, args=(study_copy, db, r, q)) for r in raters]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    acks = [q.get(timeout=5) for _ in procs]
+    n = len(st.plan(0))
+    rows = rating.RatingDB(db, st.study_id).judgments()
+    assert len(rows) == 5 * n == sum(a for _, a in acks)  # every acknowledged judgment is stored
+    for r in set(raters):
+        mine = [x for x in rows if x["rater"] == r]
+        assert sorted(x["trial"] for x in mine) == list(range(n))
+        assert len({x["pair"] for x in mine}) == n
+
+
+# ---------------------------------------------------------------- analysis
+
+def _synthetic(p_true=0.7, n_raters=30, n_images=60, bad=3, seed=1):
+    """Raters judging exact:k=6 vs greedy with a known preference; `bad` raters fail attention
+    checks and always pick greedy."""
+    rng = np.random.default_rng(seed)
+    a, b = "exact:k=6@cpu-finetuned", "greedy@cpu-frozen"
+    rows, t = [], 0
+    for i in range(n_raters + bad):
+        rater = f"r{i}"
+        is_bad = i >= n_raters
+        for j in rng.choice(n_images, 40, replace=False):
+            left = a if rng.random() < 0.5 else b
+            chosen = b if is_bad else (a if rng.random() < p_true else b)
+            rows.append(dict(id=t, rater=rater, session="s", trial=t, pair=f"{a} vs {b} #{j}", image=int(j),
+                             input_id=int(j), cond_a=a, cond_b=b, left_cond=left, right_cond=b if left == a else a,
+                             chosen_side="left" if chosen == left else "right", chosen_cond=chosen, rt_ms=900,
+                             attention=0, shown_at="", answered_at="", app_version="", weights=""))
+            t += 1
+        for j in range(4):
+            chosen = "broken" if (is_bad and j < 3) else "real"
+            rows.append(dict(rows[-1], id=t, trial=t, pair=f"attention #{j}", cond_a="real", cond_b="broken",
+                             left_cond="real", right_cond="broken", chosen_cond=chosen, attention=1,
+                             chosen_side="left" if chosen == "real" else "right"))
+            t += 1
+    return rows, [(a, b)]
+
+
+def test_analyze_recovers_known_preference(tmp_path):
+    rows, comps = _synthetic()
+    res = rating.analyze_judgments(rows, comps, n_boot=1000)
+    c = res["comparisons"][0]
+    assert res["excluded"] == ["r30", "r31", "r32"]
+    assert c["n"] == 30 * 40 and c["raters"] == 30
+    lo, hi = c["ci"]
+    assert lo < 0.7 < hi and lo > 0.6 and hi < 0.8 and abs(c["rate"] - 0.7) < 0.04
+    assert c["p_binomial"] < 1e-6 and 0.4 < c["left_rate"] < 0.6
+    # without the exclusion the bad raters would pull the preference down
+    res_all = rating.analyze_judgments(rows, comps, min_attention=0.0, n_boot=200)
+    assert res_all["comparisons"][0]["rate"] < c["rate"] - 0.03 and not res_all["excluded"]
+    md = rating.report_markdown(res)
+    assert "| 6 | 53.2 |" in md and "excluded when they picked the real photo in fewer than 80%" in md
+    assert "Left-side bias" in md and "r30 (1/4 checks passed)" in md
+    out = rating.write_csv(rows, tmp_path / "j.csv", set(res["excluded"]))
+    lines = out.read_text().splitlines()
+    assert len(lines) == len(rows) + 1 and lines[0].endswith("rater_excluded")
+
+
+def test_analyze_command_on_study(study_copy, tmp_path, capsys):
+    st = rating.open_study(study_copy)
+    svc = RatingService(st, trials_per_rater=0)
+    for rater in ("x", "y"):
+        s = svc.begin(rater, consent=True)
+        s["practice"] = N_PRACTICE
+        while (sh := svc.show(s)) is not None:
+            svc.answer(s, "left" if sh.trial.left != "broken" else "right")
+    csv_path, md_path = tmp_path / "all.csv", tmp_path / "report.md"
+    assert cli_main(["rate", "analyze", str(study_copy), "--csv", str(csv_path), "--out", str(md_path),
+                     "--boot", "200"]) == 0
+    out = capsys.readouterr().out
+    assert f"Human rating study {st.study_id}" in out and "eps=255:k=10@tiny-random vs greedy@tiny-random" in out
+    assert "Fooled: raters picked greedy@tiny-random over the real photo" in out
+    assert "| 10 | — |" in out  # Table 3 row for k=10 (eps=255 has no paper number)
+    assert len(csv_path.read_text().splitlines()) == 1 + 2 * len(st.plan(0))
+    assert md_path.read_text().strip() == out.strip()
+
+
+# ---------------------------------------------------------------- the real server in a real browser
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(study, port, log):
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "sr_blockwise", "rate", "serve", str(study), "--port", str(port),
+                             "--trials", "6", "--admin-token", "tok3n"], cwd=ROOT, env=env,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        assert proc.poll() is None, Path(log).read_text()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError("server did not start:\n" + Path(log).read_text())
+
+
+def test_browser_session_resume_and_kill(study_copy, tmp_path):
+    """Practice, pairs by keyboard and mouse, reload and resume, SIGKILL right after an
+    acknowledgement and restart: the database holds exactly the judgments made on screen."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium")
+    if not chromium:
+        pytest.skip("chromium not installed")
+    log = tmp_path / "server.log"
+    port = _free_port()
+    server = _serve(study_copy, port, log)
+    pressed = []  # (trial number, side) in the order the rater answered
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+            page = browser.new_page()
+            page.set_default_timeout(20_000)
+            banner = page.locator("#banner")
+
+            def start(url, tick=False):
+                page.goto(url)
+                page.locator("#rater-id input").fill("rater-7")
+                if tick:
+                    page.locator("#consent input").check()
+                page.locator("#start-btn").click()
+                page.wait_for_selector("#img-left")
+
+            def answer(side, how):
+                text = banner.inner_text()
+                if how == "key":
+                    page.locator("body").click(position={"x": 5, "y": 5})  # focus off the text box
+                    page.keyboard.press("ArrowLeft" if side == "left" else "ArrowRight")
+                else:
+                    page.locator(f"#pick-{side}").click()
+                # acknowledged: the next pair's banner (or the thank-you page) is on screen
+                page.wait_for_function("t => { const b = document.querySelector('#banner');"
+                                       " const d = document.querySelector('#done-msg');"
+                                       " return (b && b.innerText.trim() !== t && b.innerText.trim() !== '')"
+                                       " || (d && d.offsetParent !== null && d.innerText.includes('Thank')); }",
+                                       arg=text.strip())
+                if text.startswith("Pair"):
+                    pressed.append((int(text.split()[1]), side))
+
+            url = f"http://127.0.0.1:{port}/"
+            page.goto(url)
+            page.locator("#rater-id input").fill("rater-7")
+            page.locator("#start-btn").click()  # no consent yet: refused with a message
+            page.wait_for_function("() => document.querySelector('#start-msg').innerText.includes('consent')")
+            start(url, tick=True)
+            assert banner.inner_text().startswith("Practice 1 of 2")
+            answer("left", "key")
+            assert banner.inner_text().startswith("Practice 2 of 2")
+            answer("right", "mouse")
+            assert banner.inner_text().startswith("Pair 1 of 6")
+            answer("right", "key")
+            answer("left", "mouse")
+            answer("left", "key")
+            assert banner.inner_text().startswith("Pair 4 of 6")
+
+            page.reload()  # reload: back to the start page; same id resumes at pair 4, no practice
+            start(url)
+            assert banner.inner_text().startswith("Pair 4 of 6")
+            answer("right", "mouse")
+            server.send_signal(signal.SIGKILL)  # right after the acknowledgement
+            server.wait(10)
+            rows = rating.RatingDB(study_copy / "ratings.sqlite", rating.open_study(study_copy).study_id).judgments()
+            assert [(r["trial"] + 1, r["chosen_side"]) for r in rows] == pressed
+
+            port = _free_port()
+            server = _serve(study_copy, port, log)
+            start(f"http://127.0.0.1:{port}/")
+            assert banner.inner_text().startswith("Pair 5 of 6")
+            answer("left", "key")
+            answer("right", "mouse")
+            page.wait_for_selector("#done-msg >> text=answered 6 of 6")
+            # the results tab needs the admin token
+            page.get_by_role("tab", name="Results (admin)").click()
+            page.locator("#admin-token input").fill("wrong")
+            page.locator("#admin-btn").click()
+            page.wait_for_selector("#admin-results >> text=Wrong admin token")
+            page.locator("#admin-token input").fill("tok3n")
+            page.locator("#admin-btn").click()
+            page.wait_for_selector("#admin-results >> text=All comparisons")
+            browser.close()
+    finally:
+        server.kill()
+        server.wait(10)
+    st = rating.open_study(study_copy)
+    rows = rating.RatingDB(study_copy / "ratings.sqlite", st.study_id).judgments()
+    assert [(r["trial"] + 1, r["chosen_side"]) for r in rows] == pressed and len(rows) == 6
+    assert len({r["pair"] for r in rows}) == 6 and all(r["rater"] == "rater-7" for r in rows)
+    assert len({r["session"] for r in rows}) == 3  # first visit, reload, after the restart
+    plan = st.plan(st.rater_seed("rater-7"))
+    for r in rows:
+        t = plan[r["trial"]]
+        assert r["pair"] == t.pair and r["left_cond"] == t.left and r["rt_ms"] > 0
+    with sqlite3.connect(study_copy / "ratings.sqlite") as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
