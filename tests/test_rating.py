@@ -2,6 +2,7 @@
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import signal
 import socket
@@ -337,21 +338,18 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
                 page.locator("#start-btn").click()
                 page.wait_for_selector("#img-left")
 
-            def answer(side, how):
-                text = banner.inner_text()
+            def answer(side, how, expect):
+                m = re.search(r"(Practice|Pair) (\d+) of", banner.inner_text())
                 if how == "key":
                     page.locator("body").click(position={"x": 5, "y": 5})  # focus off the text box
                     page.keyboard.press("ArrowLeft" if side == "left" else "ArrowRight")
                 else:
                     page.locator(f"#pick-{side}").click()
                 # acknowledged: the next pair's banner (or the thank-you page) is on screen
-                page.wait_for_function("t => { const b = document.querySelector('#banner');"
-                                       " const d = document.querySelector('#done-msg');"
-                                       " return (b && b.innerText.trim() !== t && b.innerText.trim() !== '')"
-                                       " || (d && d.offsetParent !== null && d.innerText.includes('Thank')); }",
-                                       arg=text.strip())
-                if text.startswith("Pair"):
-                    pressed.append((int(text.split()[1]), side))
+                page.wait_for_selector(f"#banner >> text={expect}" if expect != "done" else
+                                       "#done-msg >> text=Thank you")
+                if m.group(1) == "Pair":
+                    pressed.append((int(m.group(2)), side))
 
             url = f"http://127.0.0.1:{port}/"
             page.goto(url)
@@ -360,19 +358,16 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
             page.wait_for_function("() => document.querySelector('#start-msg').innerText.includes('consent')")
             start(url, tick=True)
             assert banner.inner_text().startswith("Practice 1 of 2")
-            answer("left", "key")
-            assert banner.inner_text().startswith("Practice 2 of 2")
-            answer("right", "mouse")
-            assert banner.inner_text().startswith("Pair 1 of 6")
-            answer("right", "key")
-            answer("left", "mouse")
-            answer("left", "key")
-            assert banner.inner_text().startswith("Pair 4 of 6")
+            answer("left", "key", "Practice 2 of 2")
+            answer("right", "mouse", "Pair 1 of 6")
+            answer("right", "key", "Pair 2 of 6")
+            answer("left", "mouse", "Pair 3 of 6")
+            answer("left", "key", "Pair 4 of 6")
 
             page.reload()  # reload: back to the start page; same id resumes at pair 4, no practice
             start(url)
             assert banner.inner_text().startswith("Pair 4 of 6")
-            answer("right", "mouse")
+            answer("right", "mouse", "Pair 5 of 6")
             server.send_signal(signal.SIGKILL)  # right after the acknowledgement
             server.wait(10)
             rows = rating.RatingDB(study_copy / "ratings.sqlite", rating.open_study(study_copy).study_id).judgments()
@@ -382,8 +377,8 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
             server = _serve(study_copy, port, log)
             start(f"http://127.0.0.1:{port}/")
             assert banner.inner_text().startswith("Pair 5 of 6")
-            answer("left", "key")
-            answer("right", "mouse")
+            answer("left", "key", "Pair 6 of 6")
+            answer("right", "mouse", "done")
             page.wait_for_selector("#done-msg >> text=answered 6 of 6")
             # the results tab needs the admin token
             page.get_by_role("tab", name="Results (admin)").click()
