@@ -1,0 +1,160 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sr_blockwise import evaluate as ev
+from sr_blockwise.cli import main
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "evaluate.md"
+
+
+# ---------------------------------------------------------------- small pieces
+
+def test_parse_mode():
+    assert ev.parse_mode("exact") == ev.Mode("exact")
+    assert ev.parse_mode("eps=2") == ev.Mode("eps=2", rule="eps", eps=2)
+    assert ev.parse_mode("Top-K=3").options(4).top_k == 3
+    assert ev.parse_mode("topk=3").name == "top-k=3"
+    m = ev.parse_mode("min-block=2")
+    assert (m.rule, m.min_block, m.options(4).is_exact) == ("exact", 2, False)
+    assert ev.parse_mode("exact").options(6).is_exact
+    assert not ev.parse_mode("eps=2").options(6).is_exact
+    for bad in ("fast", "eps", "eps=x", "eps=-1", "top-k=0", "min-block=0"):
+        with pytest.raises(ValueError):
+            ev.parse_mode(bad)
+
+
+def test_parse_list_and_weights_spec():
+    assert ev.parse_list("2,4, 6", int) == [2, 4, 6]
+    assert ev.parse_list(["2,4", "6"], int) == [2, 4, 6]
+    with pytest.raises(ValueError):
+        ev.parse_list("2,x", int)
+    assert ev.weights_spec("weights/a.json:frozen") == ("weights/a.json", "frozen")
+    assert ev.weights_spec("b:fine-tuned") == ("b", "fine-tuned")
+    assert ev.weights_spec("c:finetuned") == ("c", "fine-tuned")
+    assert ev.weights_spec("d") == ("d", None)
+    assert ev.weights_spec("C:/w/e.json") == ("C:/w/e.json", None)
+
+
+def test_infer_variant():
+    assert ev.infer_variant("cpu-frozen", {}) == "frozen"
+    assert ev.infer_variant("cpu-finetuned", {}) == "fine-tuned"
+    assert ev.infer_variant("x", {"stage": "finetune"}) == "fine-tuned"
+    assert ev.infer_variant("x", {}) is None
+
+
+def test_head_acceptance():
+    # 10 steps: 5 accepted 1 token, 3 accepted 2, 2 accepted 3
+    assert ev.head_acceptance([5, 3, 2]) == pytest.approx([0.5, 0.4])
+    assert ev.head_acceptance([4]) == []
+
+
+def test_docs_list_every_record_field():
+    text = DOCS.read_text()
+    for f in ev.RECORD_FIELDS:
+        assert f"`{f}`" in text, f"docs/evaluate.md does not document the record field {f!r}"
+
+
+def test_bad_mode_and_weights_fail_cleanly(tiny_weights, tmp_path, capsys):
+    assert main(["evaluate", "--weights", tiny_weights, "--modes", "fastest", "--out", str(tmp_path)]) == 2
+    assert "unknown mode" in capsys.readouterr().err
+    assert main(["evaluate", "--weights", str(tmp_path / "nope.json"), "--out", str(tmp_path)]) == 2
+    assert "no weights" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the smoke run
+
+@pytest.fixture(scope="module")
+def smoke(tiny_weights, celeba_npz, tmp_path_factory):
+    """One small real run through the CLI: 2 test faces, k in {2, 4} (and 16, more heads than the
+    tiny model has: skipped), greedy, exact and eps=2."""
+    out = tmp_path_factory.mktemp("eval")
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["evaluate", "--weights", f"{tiny_weights}:frozen", "--data", str(celeba_npz),
+                   "--limit", "2", "--k", "2,4,16", "--modes", "greedy,exact,eps=2", "--batch-size", "2",
+                   "--threads", "1", "--uncached-prefix", "16", "--out", str(out),
+                   "--json", str(out / "sub" / "run.json"), "--quiet"])
+    finally:
+        torch.set_num_threads(threads)
+    return rc, out, out / "sub" / "run.json"
+
+
+def _strict(path):
+    def no_constant(name):  # NaN / Infinity are not JSON: other tools could not read them
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(Path(path).read_text(), parse_constant=no_constant)
+
+
+def test_smoke_exit_code_and_schema(smoke):
+    rc, out, js = smoke
+    assert rc == 0
+    r = _strict(js)
+    assert r["schema"] == ev.SCHEMA and r["schema_version"] == ev.SCHEMA_VERSION
+    for key in ("created", "command", "machine", "data", "settings", "weights", "paper", "records", "summary"):
+        assert key in r
+    assert r["data"]["n_images"] == 2 and r["data"]["split"] == "test"
+    assert "--limit 2" in r["command"]
+    assert r["settings"]["perceptual"]["label"]
+    for rec in r["records"]:
+        assert list(rec) == list(ev.RECORD_FIELDS)
+    kinds = [(x["method"], x["mode"], x["k"]) for x in r["records"]]
+    assert kinds == [("bicubic", "bicubic", None), ("greedy", "greedy", 1),
+                     ("greedy-uncached", "greedy-uncached", 1),
+                     ("blockwise", "exact", 2), ("blockwise", "eps=2", 2),
+                     ("blockwise", "exact", 4), ("blockwise", "eps=2", 4)]
+    assert any("k=16" in s for s in r["skipped"])
+
+
+def test_smoke_values(smoke):
+    r = _strict(smoke[2])
+    recs = {(x["mode"], x["k"]): x for x in r["records"]}
+    for (mode, k), x in recs.items():
+        if mode == "bicubic":
+            assert x["weights"] is None and x["psnr_vs_real"] > 0 and x["perceptual_vs_real"] >= 0
+            continue
+        assert x["weights"] == "tiny-random" and x["variant"] == "frozen"
+        assert 1 <= x["mean_block"] <= k
+        assert x["seconds_per_image"] > 0 and x["speedup_vs_greedy"] > 0 and x["speedup_vs_uncached_greedy"] > 0
+        assert x["bits_per_dim"] > 0
+        if mode != "greedy-uncached":
+            assert sum(x["block_hist"]) > 0 and len(x["block_hist"]) == k
+            assert x["n_images"] == 2
+            for f in ("psnr_vs_real", "ssim_vs_real", "perceptual_vs_real", "ssim_vs_exact", "perceptual_vs_exact"):
+                assert x[f] is not None, f
+    # exact mode must be greedy decoding, image for image
+    for k in (2, 4):
+        x = recs[("exact", k)]
+        assert x["exact_by_construction"] and x["identical_to_greedy"] == 1.0
+        assert x["psnr_vs_exact"] is None and x["ssim_vs_exact"] == 1.0 and x["perceptual_vs_exact"] == 0.0
+        assert x["paper_mean_block"] == ev.PAPER_TABLE2[("frozen", "exact")][k]
+        assert not recs[("eps=2", k)]["exact_by_construction"]
+    assert recs[("greedy", 1)]["speedup_vs_greedy"] == 1.0
+    assert recs[("greedy-uncached", 1)]["timing"] == "estimated"
+    assert r["summary"]["exact_all_identical"] is True
+    assert len(r["summary"]["exact_identical_to_greedy"]) == 2
+    u = r["weights"][0]["uncached_timing"]
+    assert u["prefix_tokens"] == 16 and u["prefix_tokens_match_cached"] == 1.0
+
+
+def test_smoke_files(smoke):
+    rc, out, js = smoke
+    r = _strict(js)
+    files = r["files"]
+    assert Path(files["json"]) == js
+    for key in ("report", "headline", "plot_mean_block", "plot_speedup", "plot_quality", "grid_tiny-random"):
+        assert Path(files[key]).is_file() and Path(files[key]).parent == out, key
+    for key in ("plot_mean_block", "plot_speedup", "plot_quality"):
+        assert Image.open(files[key]).size[0] > 300
+    grid = np.asarray(Image.open(files["grid_tiny-random"]))
+    assert grid.shape[0] > 2 * 128 and grid.shape[1] > 6 * 128  # 2 faces x 6 columns
+    report = Path(files["report"]).read_text()
+    for text in ("Table 2", "1.07", "4.0x", "identical", "ST-LPIPS" if "ST" in r["settings"]["perceptual"]["label"]
+                 else "LPIPS", "differ from the paper", r["command"]):
+        assert text in report, text
+    assert "mean_block_vs_k.png" in report and "grid_tiny-random.png" in report
+    assert r["command"] in Path(files["headline"]).read_text()
