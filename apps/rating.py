@@ -9,7 +9,9 @@ import html
 import os
 import secrets
 import sys
+import threading
 import time
+from collections import defaultdict
 
 INFO = """\
 ## Face rating
@@ -62,19 +64,21 @@ def build_app(service, admin_token: str):
 
     study = service.study
     keep = gr.update()
+    locks = defaultdict(threading.Lock)  # one answer at a time per page session
 
     def view(state, shown, msg=""):
-        """outputs: state, start_col, trial_col, done_col, start_msg, banner, pair, status, done"""
+        """outputs: state, start_col, trial_col, done_col, start_msg, banner, pair, status, done, token"""
         if shown is None:
             n, total = service.progress(state)
             return (state, gr.update(visible=False), gr.update(visible=False), gr.update(visible=True), "",
-                    "", "", "", f"### Thank you!\n\nYou have answered {n} of {total} pairs. You can close this page.")
+                    "", "", "", f"### Thank you!\n\nYou have answered {n} of {total} pairs. "
+                    f"You can close this page.", "")
         return (state, gr.update(visible=False), gr.update(visible=True), gr.update(visible=False), "",
-                f"**{shown.banner}**", pair_html(shown), msg, "")
+                f"**{shown.banner}**", pair_html(shown), msg, "", shown.token)
 
     def restart(state, msg):
         return (state, gr.update(visible=True), gr.update(visible=False), gr.update(visible=False),
-                f"**{msg}**", keep, keep, keep, keep)
+                f"**{msg}**", keep, keep, keep, keep, "")
 
     def on_start(rater_id, consent, state):
         try:
@@ -83,14 +87,16 @@ def build_app(service, admin_token: str):
         except RatingError as e:
             return restart(state, e)
 
-    def on_pick(side, state):
-        try:
-            msg = service.answer(state, side)
-        except RatingError as e:
-            if not (isinstance(state, dict) and state.get("rater")):
-                return restart(None, e)
-            return (state, keep, keep, keep, keep, keep, keep, f"**{e}**", keep)
-        return view(state, service.show(state), msg)
+    def on_pick(side, token, state):
+        if not (isinstance(state, dict) and state.get("rater")):
+            return restart(None, "no rating session (the page is stale or the server restarted): "
+                                 "enter your rater id and press Start")
+        with locks[state["session"]]:
+            try:
+                msg = service.answer(state, side, token or "")
+            except RatingError as e:
+                return (state, keep, keep, keep, keep, keep, keep, f"**{e}**", keep, keep)
+            return view(state, service.show(state), msg)
 
     def on_admin(token):
         if not token or not secrets.compare_digest(token.encode(), admin_token.encode()):
@@ -119,6 +125,7 @@ def build_app(service, admin_token: str):
                         left = gr.Button("◀ Left (← key)", elem_id="pick-left")
                         right = gr.Button("Right (→ key) ▶", elem_id="pick-right")
                     status = gr.Markdown(elem_id="status")
+                    token_box = gr.Textbox(visible=False)  # which pair the page shows
                 with gr.Column(visible=False) as done_col:
                     done = gr.Markdown(elem_id="done-msg")
             with gr.Tab("Results (admin)"):
@@ -126,12 +133,12 @@ def build_app(service, admin_token: str):
                 show = gr.Button("Show results", elem_id="admin-btn")
                 results = gr.Markdown(elem_id="admin-results")
 
-        outs = [state, start_col, trial_col, done_col, start_msg, banner, pair, status, done]
+        outs = [state, start_col, trial_col, done_col, start_msg, banner, pair, status, done, token_box]
         hidden = dict(api_visibility="private", show_progress="hidden")  # no flicker between pairs
         start.click(on_start, [rater, consent, state], outs, **hidden)
         rater.submit(on_start, [rater, consent, state], outs, **hidden)
-        left.click(lambda s: on_pick("left", s), [state], outs, **hidden)
-        right.click(lambda s: on_pick("right", s), [state], outs, **hidden)
+        left.click(lambda tok, s: on_pick("left", tok, s), [token_box, state], outs, **hidden)
+        right.click(lambda tok, s: on_pick("right", tok, s), [token_box, state], outs, **hidden)
         show.click(on_admin, [token], [results], **hidden)
     return app
 

@@ -630,6 +630,7 @@ class Shown:
     number: int  # 1-based position shown to the rater
     total: int
     banner: str
+    token: str  # names this showing: an answer must quote it (a late second click cannot answer the next pair)
 
 
 class RatingService:
@@ -693,20 +694,24 @@ class RatingService:
                 return None
             number = len(done) + 1
             banner = f"Pair {number} of {total}"
+        token = uuid.uuid4().hex[:12]
         state["pending"] = {"index": t.index, "practice": t.practice, "shown_at": now_iso(),
-                            "shown_mono": time.monotonic()}
+                            "shown_mono": time.monotonic(), "token": token}
         return Shown(t, self.study.image(t.left, t.image), self.study.image(t.right, t.image),
-                     number, total, banner)
+                     number, total, banner, token)
 
-    def answer(self, state, side: str) -> str:
+    def answer(self, state, side: str, token: str | None = None) -> str:
         """Record the rater's choice for the pending pair; returns the acknowledgement to show.
-        The judgment is committed to disk before this returns."""
+        The judgment is committed to disk before this returns. token: the Shown.token the rater
+        was looking at (None: the pending pair, for callers without a page)."""
         state = self._check(state)
         if side not in ("left", "right"):
             raise RatingError(f"unknown action {side!r}: choose 'left' or 'right'")
         p = state.get("pending")
         if not p:
             raise RatingError("no pair is waiting for an answer")
+        if token is not None and token != p["token"]:
+            raise RatingError("that answer was for a pair no longer on screen; nothing recorded")
         rt_ms = int(round((time.monotonic() - p["shown_mono"]) * 1000))
         if p["practice"]:
             state["pending"] = None

@@ -119,9 +119,12 @@ def test_plan_resume_and_limits(study_copy):
     svc.answer(s2, "right")
     # the first window still shows pair 4 and answers it: refused, nothing changes
     assert "already answered" in svc.answer(s, "left")
-    for _ in range(2):
-        svc.show(s2)
-        svc.answer(s2, "left")
+    sh = svc.show(s2)  # an answer quoting a pair no longer on screen is refused
+    with pytest.raises(RatingError, match="no longer on screen"):
+        svc.answer(s2, "left", token="0" * 12)
+    svc.answer(s2, "left", token=sh.token)
+    svc.show(s2)
+    svc.answer(s2, "left")
     assert svc.show(s2) is None  # the 6-pair limit
     rows = svc.db.judgments()
     assert [r["trial"] for r in rows] == list(range(6))
@@ -311,8 +314,8 @@ def _serve(study, port, log):
 
 
 def test_browser_session_resume_and_kill(study_copy, tmp_path):
-    """Practice, pairs by keyboard and mouse, reload and resume, SIGKILL right after an
-    acknowledgement and restart: the database holds exactly the judgments made on screen."""
+    """Practice, pairs by keyboard and mouse, a double press, reload and resume, SIGKILL right
+    after an acknowledgement and restart: the database holds exactly the judgments made on screen."""
     sync_api = pytest.importorskip("playwright.sync_api")
     chromium = shutil.which("chromium")
     if not chromium:
@@ -362,7 +365,15 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
             answer("right", "mouse", "Pair 1 of 6")
             answer("right", "key", "Pair 2 of 6")
             answer("left", "mouse", "Pair 3 of 6")
-            answer("left", "key", "Pair 4 of 6")
+            # both buttons pressed before the answer comes back: one answer counts, not two
+            page.evaluate("() => { document.getElementById('pick-left').click();"
+                          " document.getElementById('pick-right').click(); }")
+            page.wait_for_selector("#banner >> text=Pair 4 of 6")
+            time.sleep(1.0)
+            assert banner.inner_text().startswith("Pair 4 of 6")
+            rows = rating.RatingDB(study_copy / "ratings.sqlite", rating.open_study(study_copy).study_id).judgments()
+            assert len(rows) == 3 and rows[-1]["trial"] == 2
+            pressed.append((3, rows[-1]["chosen_side"]))
 
             page.reload()  # reload: back to the start page; same id resumes at pair 4, no practice
             start(url)
