@@ -6,6 +6,7 @@ To refresh docs/demo-screenshot.png with real weights:
   SR_BLOCKWISE_DEMO_SCREENSHOT=docs/demo-screenshot.png .venv/bin/python -m pytest -q tests/test_demo.py -k browser
 """
 import argparse
+import io
 import os
 import shutil
 import socket
@@ -45,7 +46,7 @@ def model(tiny_weights):
 
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
-    demo = build_app(model, "tiny-random", builtin_examples()[:4], [], progress_every=8,
+    demo = build_app(model, "tiny-random", builtin_examples()[:4], [], progress_every=16,
                      example_dir=str(tmp_path_factory.mktemp("examples")))
     port = free_port()
     launch(demo, port=port, prevent_thread_lock=True, quiet=True)
@@ -152,7 +153,7 @@ def test_compare_modes():
 def test_client_errors_are_messages(server, files):
     from gradio_client import Client, handle_file
     from gradio_client.exceptions import AppError
-    client = Client(server, verbose=False)
+    client = Client(server, verbose=False, analytics_enabled=False)
     for bad, why in [("truncated", "not a readable image"), ("empty", "empty file"),
                      ("notes", "not a readable image"), ("huge", "50 MP")]:
         with pytest.raises(AppError, match=why):
@@ -163,18 +164,28 @@ def test_client_errors_are_messages(server, files):
     assert Image.open(lr).size == (8, 8) and Image.open(face).size == (32, 32)  # the queue still serves
 
 
+def fetch(file_data: dict) -> np.ndarray:
+    """An image output as the client gets it: a PNG over HTTP."""
+    import httpx
+    r = httpx.get(file_data["url"], timeout=30)
+    r.raise_for_status()
+    assert r.content[:8] == b"\x89PNG\r\n\x1a\n"
+    return np.asarray(Image.open(io.BytesIO(r.content)))
+
+
 def test_client_upscale_matches_library(server, files, model):
     from gradio_client import Client, handle_file
-    client = Client(server, verbose=False)
+    # download_files=False: the client would fetch every streamed frame; fetch the final images only
+    client = Client(server, verbose=False, analytics_enabled=False, download_files=False)
     out = client.predict(handle_file(files["astronaut"]), "centre square", K, EPS, False, api_name="/upscale")
-    lr_path, real_path, note, bicubic_path, status = out[:5]
-    exact_path, approx_path, stats = out[5], out[8], out[-1]
+    lr_file, real_file, note, bicubic_file, status = out[:5]
+    exact_file, approx_file, stats = out[5], out[8], out[-1]
     lr, face = image_to_input(open_rgb(files["astronaut"]))
-    assert (np.asarray(Image.open(lr_path)) == lr).all()
-    assert (np.asarray(Image.open(real_path)) == face).all()
-    assert np.asarray(Image.open(bicubic_path)).shape == (32, 32, 3)
-    for mode, path in [("exact", exact_path), ("approx", approx_path)]:
-        got = np.asarray(Image.open(path).convert("RGB"))
+    assert (fetch(lr_file) == lr).all()
+    assert (fetch(real_file) == face).all()
+    assert fetch(bicubic_file).shape == (32, 32, 3)
+    for mode, file in [("exact", exact_file), ("approx", approx_file)]:
+        got = fetch(file)
         assert got.shape == (32, 32, 3)
         ref = decode(model, lr[None], options_for(mode, K, EPS))  # the direct library call
         assert (got == ref.images[0]).all(), mode
@@ -211,6 +222,7 @@ def test_browser(server, files, tmp_path):
                 assert page.locator(el).evaluate("i => i.naturalWidth") == 32, el
             page.screenshot(path=shot, full_page=True)
 
+            page.reload()  # a fresh page, with the upload box empty again
             page.locator("#photo input[type=file]").set_input_files(files["truncated"])
             expect(page.get_by_text("not a readable image").first).to_be_visible(timeout=30_000)
             assert "Traceback" not in page.content()
