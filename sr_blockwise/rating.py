@@ -545,7 +545,7 @@ class RatingDB:
         self.path = Path(path)
         self.study_id = study_id
         if not self.path.exists() and not create:
-            raise StudyError(f"no ratings database at {self.path}")
+            raise StudyError(f"no ratings database at {self.path} (nobody has rated yet: start `sr-blockwise rate serve`)")
         try:
             with closing(self.connect()) as con:
                 con.execute("PRAGMA journal_mode=WAL")
