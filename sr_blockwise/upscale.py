@@ -534,8 +534,8 @@ def run(cfg: Config) -> int:
         for j in todo:
             try:
                 lr, face = load_input(j.src)
-            except BadImage as e:
-                fail(j, str(e).removeprefix(f"{j.src}: "))
+            except BadImage as e:  # its message starts with the file's name: we print the path
+                fail(j, str(e).removeprefix(f"{j.src}: ").removeprefix(f"{j.src.name}: "))
                 continue
             except Exception as e:  # whatever else a strange file does, the run goes on
                 fail(j, f"{type(e).__name__}: {e}")
@@ -547,8 +547,12 @@ def run(cfg: Config) -> int:
         if batch:
             yield batch
 
-    def progress(tokens, done_counts, bmap, calls):  # live share of the current batch
-        bar.set_postfix_str(f"batch {done_counts.mean() / GREEDY_CALLS:.0%}", refresh=True)
+    shown = [0.0]
+
+    def progress(tokens, done_counts, bmap, calls):  # live share of the current batch, twice a second
+        if time.perf_counter() - shown[0] > 0.5:
+            shown[0] = time.perf_counter()
+            bar.set_postfix_str(f"batch {done_counts.mean() / GREEDY_CALLS:.0%}", refresh=True)
 
     t1 = time.perf_counter()
     try:

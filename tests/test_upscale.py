@@ -1,0 +1,222 @@
+"""The batch command `sr-blockwise upscale` end to end, with a random tiny model (no mocks).
+
+Decoding is the slow part (a few seconds per batch on one core), so each test decodes at most
+two batches; planning checks use --dry-run, which never loads the model."""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sr_blockwise import upscale
+from sr_blockwise import cli
+
+
+def main(args) -> int:
+    return cli.main(["upscale"] + list(args))
+
+
+def save(path: Path, arr) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.asarray(arr, np.uint8)).save(path)
+    return path
+
+
+def photo(rng, h=50, w=40):
+    """A smooth-ish photo-sized image (random noise blurred by upsampling)."""
+    small = rng.integers(0, 256, (h // 10 + 1, w // 10 + 1, 3), dtype=np.uint8)
+    return np.asarray(Image.fromarray(small).resize((w, h), Image.Resampling.BICUBIC))
+
+
+def tiny8(rng):
+    return rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+
+
+@pytest.fixture
+def common(tiny_weights):
+    # one thread: the machine is shared; exact k=4 is the mode users run
+    return ["--weights", tiny_weights, "--threads", "1", "--mode", "exact", "--k", "4"]
+
+
+@pytest.fixture
+def fast(tiny_weights):
+    # the random tiny model accepts ~4 tokens per call here (exact: ~1.1), with acceptance lengths
+    # that differ between images: fast, and the images of a batch drift apart in position
+    return ["--weights", tiny_weights, "--threads", "1", "--mode", "approx", "--k", "8", "--eps", "150"]
+
+
+def leftovers(root: Path) -> list[Path]:
+    """Temporary files the safe writer might have left behind."""
+    return [p for p in root.rglob("*") if p.name.startswith(".") or p.name.endswith(".tmp")]
+
+
+def dry_run(capsys, args) -> list[tuple[str, str, str]]:
+    capsys.readouterr()
+    assert main(args + ["--dry-run", "--quiet"]) == 0
+    return [tuple(line.split("\t")) for line in capsys.readouterr().out.splitlines()]
+
+
+# ---------------------------------------------------------------- a real tree with bad files
+
+def test_tree_with_bad_files(tmp_path, common, capsys, rng):
+    src, gt, out = tmp_path / "in", tmp_path / "gt", tmp_path / "out"
+    face_a = photo(rng, 60, 50)
+    save(src / "a.jpg", face_a)
+    save(src / "nested" / "deeper" / "b.png", photo(rng, 40, 40))
+    save(src / "nested" / "c.png", tiny8(rng))  # 8x8: used as is
+    save(gt / "a.png", face_a)  # ground truth for a: matched by stem, any extension
+    bad = src / "bad"
+    bad.mkdir()
+    jpeg = (src / "a.jpg").read_bytes()
+    (bad / "corrupt.jpg").write_bytes(jpeg[: len(jpeg) // 2])
+    (bad / "empty.png").write_bytes(b"")
+    (bad / "text.png").write_text("not an image at all\n")
+    (src / "notes.txt").write_text("ignored: no image extension\n")
+
+    rc = main([str(src), "-o", str(out), "--batch-size", "4", "--compare", "--metrics",
+               str(tmp_path / "m.json"), "--ground-truth", str(gt)] + common)
+    cap = capsys.readouterr()
+    assert rc == 1
+    for rel in ["a.png", "nested/deeper/b.png", "nested/c.png"]:  # the mirrored tree
+        img = Image.open(out / rel)
+        assert img.size == (32, 32) and img.mode == "RGB"
+        assert (out / rel).with_name(Path(rel).stem + "_compare.png").is_file()
+    assert not (out / "bad").exists() or not any((out / "bad").iterdir())
+    for name in ["corrupt.jpg", "empty.png", "text.png"]:  # reported with path and reason
+        assert str(bad / name) in cap.err and str(bad / name) in cap.out
+    assert "notes.txt" not in cap.out + cap.err.replace("e.g. " + str(src / "notes.txt"), "")
+    assert "done 3, skipped 0 (already there), failed 3" in cap.out
+    assert leftovers(out) == [] and leftovers(tmp_path) == []
+
+    m = json.loads((tmp_path / "m.json").read_text())
+    rows = {Path(r["input"]).name: r for r in m["images"]}
+    assert sorted(r["status"] for r in rows.values()) == ["done"] * 3 + ["failed"] * 3
+    assert "empty" in rows["empty.png"]["reason"]
+    a = rows["a.jpg"]
+    assert a["mode"] == "exact" and a["k"] == 4 and a["calls"] > 0 and a["mean_block"] >= 1
+    assert np.isfinite(a["psnr"]) and -1 <= a["ssim"] <= 1 and "psnr_bicubic" in a
+    assert "psnr" not in rows["c.png"]  # no ground truth for it
+    # the compare strip with ground truth: 4 panels of 32 + 3 gaps, 4x enlarged
+    assert Image.open(out / "a_compare.png").size == (4 * (4 * 32 + 3), 4 * 32)
+
+
+# ---------------------------------------------------------------- interruption, resume, shards
+
+def test_interrupt_then_skip_existing(tmp_path, fast, capsys, monkeypatch, rng):
+    src, out, met = tmp_path / "in", tmp_path / "out", tmp_path / "m.csv"
+    for name in ["x1.png", "x2.png", "x3.png"]:
+        save(src / name, tiny8(rng))
+    # a Ctrl-C arrives during the first batch: that batch is finished, then the run stops
+    monkeypatch.setattr(upscale, "after_batch", lambda s: signal.raise_signal(signal.SIGINT))
+    args = [str(src), "-o", str(out), "--metrics", str(met)] + fast
+    assert main(args + ["--batch-size", "1"]) == 130
+    assert "interrupted" in capsys.readouterr().out
+    first = sorted(p.name for p in out.iterdir())
+    assert first == ["x1.png"] and leftovers(tmp_path) == []
+    stamp = (out / "x1.png").stat().st_mtime_ns
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+    monkeypatch.setattr(upscale, "after_batch", lambda s: None)
+    assert [r[0] for r in dry_run(capsys, args + ["--skip-existing"])] == ["skip", "todo", "todo"]
+    assert main(args + ["--skip-existing", "--batch-size", "2"]) == 0
+    assert "done 2, skipped 1" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["x1.png", "x2.png", "x3.png"]
+    assert (out / "x1.png").stat().st_mtime_ns == stamp  # not redone
+    with open(met, newline="") as f:
+        rows = list(csv.DictReader(f))
+    # the resumed metrics keep the first run's row for x1: complete statistics for all three
+    assert [(Path(r["input"]).name, r["status"]) for r in rows] == [
+        ("x1.png", "done"), ("x2.png", "done"), ("x3.png", "done")]
+    assert all(int(r["calls"]) > 0 for r in rows)
+
+
+def test_shards_cover_each_input_once(tmp_path, capsys, monkeypatch, rng):
+    src = tmp_path / "in"
+    for i in range(30):
+        save(src / f"d{i % 3}" / f"img{i}.png", tiny8(rng))
+    args = [str(src), "-o", str(tmp_path / "out")]
+    everything = dry_run(capsys, args)
+    parts = [dry_run(capsys, args + ["--shard", f"{i}/2"]) for i in range(2)]
+    assert len(everything) == 30 and all(parts)
+    assert sorted(parts[0] + parts[1]) == sorted(everything)
+    assert not set(parts[0]) & set(parts[1])
+    # a shard's share depends on the file alone: adding files never moves the others
+    save(src / "d0" / "new.png", tiny8(rng))
+    grown = dry_run(capsys, args + ["--shard", "0/2"])
+    assert set(parts[0]) <= set(grown)
+    # torchrun sets RANK / WORLD_SIZE: --shard auto uses them
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert set(dry_run(capsys, args + ["--shard", "auto"])) == set(
+        dry_run(capsys, args + ["--shard", "1/2"]))
+
+
+def test_planning_rules(tmp_path, capsys, rng):
+    a, b = tmp_path / "a", tmp_path / "b"
+    save(a / "face.jpg", photo(rng))
+    save(a / "face.png", photo(rng))  # same stem: the two outputs must not collide
+    save(b / "sub" / "face.png", tiny8(rng))
+    out = tmp_path / "out"
+    rows = dry_run(capsys, [str(a), str(b), "-o", str(out), "--suffix", "_sr", "--ext", "webp"])
+    assert sorted(Path(o).relative_to(out).as_posix() for _, _, o in rows) == [
+        "a/face_jpg_sr.webp", "a/face_png_sr.webp", "b/sub/face_sr.webp"]
+    # an OUTDIR inside the input folder is not scanned as input
+    save(a / "res" / "old.png", tiny8(rng))
+    assert len(dry_run(capsys, [str(a), "-o", str(a / "res")])) == 2
+    # glob patterns mirror the tree below their first wildcard
+    rows = dry_run(capsys, [str(tmp_path / "b" / "**" / "*.png"), "-o", str(out)])
+    assert [Path(o).relative_to(out).as_posix() for _, _, o in rows] == ["sub/face.png"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (lambda t: [str(t / "a"), "-o", str(t / "a")], "is the input folder"),
+    (lambda t: [str(t / "a" / "x.png"), "-o", str(t / "a")], "would overwrite"),
+    (lambda t: [str(t / "nope"), "-o", str(t / "out")], "no such file"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--shard", "2/2"], "0 <= I < N"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--metrics", str(t / "m.txt")], ".csv or .json"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--weights", str(t / "missing.json")], "no weights"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--k", "99"], "k must be in"),
+])
+def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, rng, extra, message):
+    save(tmp_path / "a" / "x.png", tiny8(rng))
+    args = extra(tmp_path)
+    assert main(args + ([] if "--weights" in args else ["--weights", tiny_weights])) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_exit_codes_in_a_real_process(tmp_path, tiny_weights):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "zero.jpg").write_bytes(b"")
+    (bad / "text.png").write_text("hello")
+    cmd = [sys.executable, "-m", "sr_blockwise", "upscale", "--weights", tiny_weights, "--threads", "1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    r = subprocess.run(cmd + [str(bad), "-o", str(tmp_path / "out")], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert str(bad / "zero.jpg") in r.stderr and str(bad / "text.png") in r.stderr
+    r = subprocess.run(cmd + [str(bad), "-o", str(tmp_path / "out"), "--batch-size", "0"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "batch-size" in r.stderr
+
+
+# ---------------------------------------------------------------- batch invariance
+
+def test_same_output_alone_or_in_a_batch_of_32(tmp_path, fast, rng):
+    src = tmp_path / "in"
+    for i in range(32):  # a mix of 8x8 inputs and photos
+        save(src / f"f{i:02d}.png", tiny8(rng) if i % 2 else photo(rng))
+    assert main([str(src), "-o", str(tmp_path / "batch"), "--batch-size", "32", "--quiet"] + fast) == 0
+    names = ["f07.png", "f20.png"]
+    assert main([str(src / n) for n in names] + ["-o", str(tmp_path / "alone"), "--batch-size", "1",
+                                                 "--quiet"] + fast) == 0
+    for n in names:
+        alone = np.asarray(Image.open(tmp_path / "alone" / n))
+        assert (alone == np.asarray(Image.open(tmp_path / "batch" / n))).all(), n
