@@ -11,7 +11,6 @@ import secrets
 import sys
 import threading
 import time
-from collections import defaultdict
 
 INFO = """\
 ## Face rating
@@ -64,7 +63,7 @@ def build_app(service, admin_token: str):
 
     study = service.study
     keep = gr.update()
-    locks = defaultdict(threading.Lock)  # one answer at a time per page session
+    locks: dict[str, threading.Lock] = {}  # one answer at a time per page session
 
     def view(state, shown, msg=""):
         """outputs: state, start_col, trial_col, done_col, start_msg, banner, pair, status, done, token"""
@@ -91,7 +90,7 @@ def build_app(service, admin_token: str):
         if not (isinstance(state, dict) and state.get("rater")):
             return restart(None, "no rating session (the page is stale or the server restarted): "
                                  "enter your rater id and press Start")
-        with locks[state["session"]]:
+        with locks.setdefault(state["session"], threading.Lock()):  # setdefault is atomic
             try:
                 msg = service.answer(state, side, token or "")
             except RatingError as e:
