@@ -94,7 +94,7 @@ def test_smoke_exit_code_and_schema(smoke):
     rc, out, js = smoke
     assert rc == 0
     r = _strict(js)
-    assert r["schema"] == ev.SCHEMA and r["schema_version"] == ev.SCHEMA_VERSION
+    assert r["schema"] == ev.SCHEMA and r["schema_version"] == ev.SCHEMA_VERSION and r["complete"] is True
     for key in ("created", "command", "machine", "data", "settings", "weights", "paper", "records", "summary"):
         assert key in r
     assert r["data"]["n_images"] == 2 and r["data"]["split"] == "test"
