@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from sr_blockwise.data import BadImage, bicubic_upscale, from_tokens, image_to_input, open_rgb
+from sr_blockwise.data import DEFAULT_DATA, BadImage, bicubic_upscale, from_tokens, image_to_input, open_rgb
 
 GREEDY_CALLS = 3072  # plain greedy decoding: one model call per intensity (32*32*3)
 CROPS = ("centre square", "detect face")
@@ -144,13 +144,14 @@ def decode_live(model, lr, opts, progress_every: int = 8, min_interval: float = 
                 item = None
             while isinstance(item, Frame) and not q.empty():  # only the newest frame matters
                 item = q.get_nowait()
-            if time_limit is not None and time.perf_counter() - t0 > time_limit:
-                raise TimeoutError(f"decoding took more than {time_limit:.0f} s; the server is busy, try again later")
             if isinstance(item, BaseException):
                 raise item
             if isinstance(item, DecodeResult):
                 yield item
                 return
+            if time_limit is not None and time.perf_counter() - t0 > time_limit:
+                raise TimeoutError(f"decoding took more than {time_limit:.0f} s; the server is busy, "
+                                   "try again later")
             if item is not None and time.perf_counter() - last >= min_interval:
                 last = time.perf_counter()
                 yield item
@@ -195,8 +196,8 @@ def mode_label(mode: str, opts) -> str:
 def running_markdown(mode: str, opts, fr: Frame) -> str:
     steps = max(1, fr.calls - 1)  # the first call only proposes; every later one accepts a block
     return (f"**{mode_label(mode, opts)}**: decoding... {fr.done:,} / {GREEDY_CALLS:,} intensities\n\n"
-            f"model calls **{fr.calls:,}** (greedy: {GREEDY_CALLS:,}) · mean block **{fr.done / steps:.2f}** · "
-            f"**{fr.seconds:.2f} s**")
+            f"model calls **{fr.calls:,}** (greedy: 1 per intensity) → **{fr.done / fr.calls:.1f}x fewer** "
+            f"so far · mean block **{fr.done / steps:.2f}** · **{fr.seconds:.2f} s**")
 
 
 def result_stats(mode: str, opts, res) -> dict:
@@ -383,7 +384,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         # progress, queue position and errors show on one small status line, not on every image
         photo.change(preview, [photo, crop], [lr_img, real_img, note], api_name="preview",
                      concurrency_limit=4, show_progress="minimal", show_progress_on=[note])
-        crop.change(preview, [photo, crop], [lr_img, real_img, note], api_name=False,
+        crop.change(preview, [photo, crop], [lr_img, real_img, note], api_visibility="private",
                     concurrency_limit=4, show_progress="minimal", show_progress_on=[note])
 
         def picker(paths):
@@ -391,10 +392,10 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                 return paths[evt.index]
             return pick
 
-        ex_gallery.select(picker(ex_paths), None, photo, api_name=False, queue=False)
-        cb_gallery.select(picker(cb_paths), None, photo, api_name=False, queue=False)
-        with_greedy.change(lambda v: gr.Column(visible=v), with_greedy, cols["greedy"], api_name=False,
-                           queue=False)
+        ex_gallery.select(picker(ex_paths), None, photo, api_visibility="private", queue=False)
+        cb_gallery.select(picker(cb_paths), None, photo, api_visibility="private", queue=False)
+        with_greedy.change(lambda v: gr.Column(visible=v), with_greedy, cols["greedy"],
+                           api_visibility="private", queue=False)
         # one decode at a time, first come first served (the queue is bounded in launch): on a
         # few CPU cores parallel decodes would only slow each other down
         go.click(upscale, [photo, crop, k, eps, with_greedy], all_outputs, api_name="upscale",
@@ -419,15 +420,22 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, max_queue=16, prevent
 def cmd_demo(args) -> int:
     import torch
 
-    from sr_blockwise.checkpoints import default_weights, load_model
+    from sr_blockwise.checkpoints import WeightsError, default_weights, load_model
 
     from .examples import builtin_examples, celeba_examples
 
     if args.threads:
         torch.set_num_threads(args.threads)
     name = args.weights or default_weights()
-    model = load_model(name)  # a missing or broken file raises WeightsError with the reason
-    celeba = [] if args.no_celeba else celeba_examples(args.data)
+    try:
+        model = load_model(name)
+    except WeightsError as e:  # the CLI prints ValueErrors as one line
+        raise WeightsError(f"{e}. Pass --weights with a weights name, a .json path or a training "
+                           "checkpoint .pt") from None
+    data = args.data or DEFAULT_DATA / "celeba32.npz"
+    if not args.no_celeba and Path(data).exists():
+        print(f"sr-blockwise demo: reading held-out CelebA faces from {data}")
+    celeba = [] if args.no_celeba else celeba_examples(data)
     if args.data and not celeba:
         print(f"sr-blockwise demo: no CelebA faces at {args.data}; showing built-in examples only")
     demo = build_app(model, Path(str(name)).stem, builtin_examples(), celeba, time_limit=args.time_limit)

@@ -18,8 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
-from apps.demo import (FILL, BadImage, block_map_image, build_app, compare, detect_face_square, launch,
-                       partial_image, prepare_input, register)
+from apps.demo import (FILL, BadImage, Frame, block_map_image, build_app, compare, decode_live,
+                       detect_face_square, launch, partial_image, prepare_input, register)
 from apps.examples import builtin_examples, celeba_examples
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import image_to_input, open_rgb
@@ -46,7 +46,7 @@ def model(tiny_weights):
 
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
-    demo = build_app(model, "tiny-random", builtin_examples()[:4], [], progress_every=16,
+    demo = build_app(model, "tiny-random", builtin_examples(), [], progress_every=16,
                      example_dir=str(tmp_path_factory.mktemp("examples")))
     port = free_port()
     launch(demo, port=port, prevent_thread_lock=True, quiet=True)
@@ -148,6 +148,21 @@ def test_compare_modes():
     assert stats["exact"]["identical_to_greedy"] and stats["approx"]["speedup_wall"] == 4.0
 
 
+def test_decode_live_stops(model):
+    import threading
+    import time
+    lr = image_to_input(Image.fromarray(skimage_astronaut()))[0]
+    gen = decode_live(model, lr, options_for("exact", K), progress_every=2, min_interval=0.0)
+    assert isinstance(next(gen), Frame)
+    gen.close()  # the user left: the worker must stop, not decode on for nobody
+    deadline = time.time() + 10
+    while any(t.name == "sr-blockwise-decode" for t in threading.enumerate()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "sr-blockwise-decode" for t in threading.enumerate())
+    with pytest.raises(TimeoutError, match="server is busy"):
+        list(decode_live(model, lr, options_for("exact", K), progress_every=2, time_limit=0.0))
+
+
 # ---------------------------------------------------------------- through gradio_client
 
 def test_client_errors_are_messages(server, files):
@@ -212,7 +227,9 @@ def test_browser(server, files, tmp_path):
             page.goto(server)
             page.locator("#photo input[type=file]").set_input_files(files["astronaut"])
             expect(page.locator("#lr img")).to_be_visible(timeout=30_000)  # the 8x8 the model sees
-            expect(page.locator("#note")).to_contain_text("512x512")
+            expect(page.locator("#note")).to_contain_text("512x512 photo: centre square")
+            page.get_by_label("detect face").check()  # crop to the face the cascade finds
+            expect(page.locator("#note")).to_contain_text("detected face", timeout=30_000)
             page.locator("#go").click()
             expect(page.locator("#stats-exact")).to_contain_text("decoding", timeout=30_000)  # live
             expect(page.locator("#stats-approx")).to_contain_text("done", timeout=90_000)
