@@ -141,10 +141,10 @@ def find_inputs(inputs: list[str], outdir: Path) -> tuple[list[tuple[Path, Path]
                 raise ValueError(f"no files match {spec!r}")
             root = _glob_root(spec)
             for m in map(Path, matches):
+                if m.resolve() == out_res or out_res in m.resolve().parents:
+                    continue  # OUTDIR or an earlier result, matched by a broad pattern
                 if m.is_dir():
                     add_folder(m, root)
-                elif out_res in m.resolve().parents:
-                    continue  # an earlier result matched by a broad pattern
                 elif m.suffix.lower() in exts:
                     found.append((m, root))
                 else:
@@ -463,9 +463,9 @@ def decode_batch(model, lrs: np.ndarray, jobs: list[Job], opts, progress=None):
     if opts.temperature > 0:
         res = [decode(model, lrs[i:i + 1], replace(opts, seed=job_seed(opts.seed, j.rel)))
                for i, j in enumerate(jobs)]
-        return np.concatenate([r.images for r in res]), [r.stats[0] for r in res], sum(r.seconds for r in res)
+        return np.concatenate([r.images for r in res]), [r.stats[0] for r in res]
     r = decode(model, lrs, opts, progress=progress)
-    return r.images, r.stats, r.seconds
+    return r.images, r.stats
 
 
 def run(cfg: Config) -> int:
@@ -561,15 +561,15 @@ def run(cfg: Config) -> int:
                 bjobs = [j for j, _ in batch]
                 lrs = np.stack([lr for _, lr in batch])
                 try:
-                    images, stats, secs = decode_batch(model, lrs, bjobs, opts, None if cfg.quiet else progress)
+                    images, stats = decode_batch(model, lrs, bjobs, opts, None if cfg.quiet else progress)
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # e.g. out of GPU memory: report the batch, go on
                     for j in bjobs:
                         fail(j, f"decoding failed: {type(e).__name__}: {e}")
                     continue
-                if cfg.measure_greedy and s.greedy_check is None and opts.k > 1:
-                    s.greedy_check = _greedy_check(model, lrs, images, secs, opts)
+                if cfg.measure_greedy and s.greedy_check is None and opts.k > 1:  # two more decodes
+                    s.greedy_check = _greedy_check(model, lrs, images, opts)
                 for j, lr, img, st in zip(bjobs, lrs, images, stats):
                     row = {"input": str(j.src), "output": str(j.out), "status": "done", **base_row,
                            "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
@@ -609,16 +609,21 @@ def run(cfg: Config) -> int:
         metrics.write(s)
     if not cfg.quiet:
         print("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {mpath}" if mpath else ""))
-    elif s.failed:
-        print(f"{len(s.failed)} of {s.total} images failed", file=sys.stderr)
+    else:  # quiet: only what needs attention
+        if s.failed:
+            print(f"{len(s.failed)} of {s.total} images failed", file=sys.stderr)
+        if s.interrupted:
+            print(f"interrupted after {s.done + s.skipped} of {s.total} images", file=sys.stderr)
     return s.exit_code
 
 
-def _greedy_check(model, lrs, images, seconds, opts) -> dict:
+def _greedy_check(model, lrs, images, opts) -> dict:
     """Decode the first batch again greedily, at the same batch size: wall-clock speedup, and
-    (exact mode) whether the outputs match greedy as they must."""
+    (exact mode) whether the outputs match greedy as they must. The blockwise decode is timed
+    again too: the first batch of a run also pays for warming up, greedy would not."""
     from .decoding import DecodeOptions, decode
     g = decode(model, lrs, DecodeOptions(k=1))
+    seconds = decode(model, lrs, opts).seconds
     return {"images": len(lrs), "seconds": seconds, "greedy_seconds": g.seconds,
             "speedup": g.seconds / seconds if seconds > 0 else math.nan,
             "identical": bool((g.images == images).all()) if opts.is_exact else None}
