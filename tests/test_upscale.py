@@ -77,6 +77,7 @@ def test_tree_with_bad_files(tmp_path, common, capsys, rng):
     (bad / "corrupt.jpg").write_bytes(jpeg[: len(jpeg) // 2])
     (bad / "empty.png").write_bytes(b"")
     (bad / "text.png").write_text("not an image at all\n")
+    Image.new("1", (8000, 6000)).save(bad / "huge.png")  # 48 MP: over the limit, small on disk
     (src / "notes.txt").write_text("ignored: no image extension\n")
 
     rc = main([str(src), "-o", str(out), "--batch-size", "4", "--compare", "--metrics",
@@ -88,16 +89,16 @@ def test_tree_with_bad_files(tmp_path, common, capsys, rng):
         assert img.size == (32, 32) and img.mode == "RGB"
         assert (out / rel).with_name(Path(rel).stem + "_compare.png").is_file()
     assert not (out / "bad").exists() or not any((out / "bad").iterdir())
-    for name in ["corrupt.jpg", "empty.png", "text.png"]:  # reported with path and reason
+    for name in ["corrupt.jpg", "empty.png", "huge.png", "text.png"]:  # reported with path and reason
         assert str(bad / name) in cap.err and str(bad / name) in cap.out
     assert "notes.txt" not in cap.out + cap.err.replace("e.g. " + str(src / "notes.txt"), "")
-    assert "done 3, skipped 0 (already there), failed 3" in cap.out
+    assert "done 3, skipped 0 (already there), failed 4" in cap.out
     assert leftovers(out) == [] and leftovers(tmp_path) == []
 
     m = json.loads((tmp_path / "m.json").read_text())
     rows = {Path(r["input"]).name: r for r in m["images"]}
-    assert sorted(r["status"] for r in rows.values()) == ["done"] * 3 + ["failed"] * 3
-    assert "empty" in rows["empty.png"]["reason"]
+    assert sorted(r["status"] for r in rows.values()) == ["done"] * 3 + ["failed"] * 4
+    assert "empty" in rows["empty.png"]["reason"] and "MP limit" in rows["huge.png"]["reason"]
     a = rows["a.jpg"]
     assert a["mode"] == "exact" and a["k"] == 4 and a["calls"] > 0 and a["mean_block"] >= 1
     assert np.isfinite(a["psnr"]) and -1 <= a["ssim"] <= 1 and "psnr_bicubic" in a
