@@ -290,7 +290,8 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         return gr.Image(label=label, format="png", height=height, interactive=False, elem_id=elem_id,
                         elem_classes="pixelated", buttons=["download"])
 
-    with gr.Blocks(title="sr-blockwise demo", analytics_enabled=False) as demo:
+    # delete_cache: streamed frames are files in gradio's cache; drop those older than an hour
+    with gr.Blocks(title="sr-blockwise demo", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=3):

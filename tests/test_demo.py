@@ -95,10 +95,10 @@ def test_prepare_input(files, tmp_path):
     assert (q.lr == lr).all() and q.face is None  # an 8x8 image is used as is
     rgba = Image.fromarray(skimage_astronaut()).convert("RGBA")
     rgba.putalpha(200)
-    for mode, img in [("L", Image.open(files["astronaut"]).convert("L")), ("P", rgba.convert("P")),
-                      ("RGBA", rgba)]:
-        img.save(tmp_path / f"x-{mode}.png")
-        assert prepare_input(tmp_path / f"x-{mode}.png").lr.shape == (8, 8, 3)
+    for name, img in [("L.png", Image.open(files["astronaut"]).convert("L")), ("P.png", rgba.convert("P")),
+                      ("RGBA.png", rgba), ("RGBA.webp", rgba), ("RGB.bmp", rgba.convert("RGB"))]:
+        img.save(tmp_path / name)
+        assert prepare_input(tmp_path / name).lr.shape == (8, 8, 3), name
     for bad, why in [("truncated", "not a readable image"), ("empty", "empty file"),
                      ("notes", "not a readable image"), ("huge", "50 MP")]:
         with pytest.raises(BadImage, match=why) as e:
@@ -236,7 +236,9 @@ def test_browser(server, files, tmp_path):
             expect(page.locator("#stats-exact")).to_contain_text("model calls")
             expect(page.locator("#status")).to_contain_text("Done", timeout=10_000)
             for el in ("#out-exact img", "#out-approx img", "#map-exact img", "#bicubic img", "#real img"):
-                assert page.locator(el).evaluate("i => i.naturalWidth") == 32, el
+                page.wait_for_function("s => { const i = document.querySelector(s); "
+                                       "return i && i.complete && i.naturalWidth > 0; }", arg=el)
+                assert page.locator(el).evaluate("i => i.naturalWidth") == 32, el  # served at 32x32
             page.screenshot(path=shot, full_page=True)
 
             page.reload()  # a fresh page, with the upload box empty again
