@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
             importlib.import_module(name).register(sub)
 
     t = sub.add_parser("train", help="train the base model / blockwise heads (resumable)")
-    t.add_argument("--run", default="cpu-base", help="run name: checkpoints in ~/.cache/sr-blockwise/RUN")
+    t.add_argument("--run", "--run-name", dest="run", default="cpu-base",
+                   help="run name: checkpoints in ~/.cache/sr-blockwise/RUN (under torchrun spell it --run-name)")
     t.add_argument("--preset", default="cpu", choices=["tiny", "cpu", "paper"])
     t.add_argument("--stage", default="base", choices=["base", "heads", "finetune"])
     t.add_argument("--data", default=None, help="prepared .npz, CelebA folder or photo folder")

@@ -135,17 +135,32 @@ class Faces:
         """The project's fixed split: 'train', 'val', 'test' (held-out) or 'all'."""
         if name == "all":
             return self
-        heldout = (self.split == 2) & (self.ids % 16 == 0)
-        if (self.split < 0).all():  # unlabelled folder: everything is "test"
-            return self if name == "test" else self.subset(np.zeros(len(self), bool))
-        masks = {"test": heldout, "val": self.split == 1, "train": (self.split != 1) & ~heldout}
-        if name not in masks:
-            raise ValueError(f"unknown split {name!r}: use train, val, test or all")
-        return self.subset(masks[name])
+        return self.subset(part_mask(name, self.ids, self.split))
 
 
-def load_faces(path: str | Path | None = None, limit: int | None = None, progress: bool = False) -> Faces:
-    """Load faces from an .npz, a CelebA folder, or a folder of photos."""
+def part_mask(name: str, ids: np.ndarray, split: np.ndarray) -> np.ndarray:
+    """The split rule (data/README.md), from CelebA ids and official partitions alone."""
+    ids, split = np.asarray(ids), np.asarray(split)
+    if name == "all":
+        return np.ones(len(ids), bool)
+    if len(split) and (split < 0).all():  # unlabelled folder: everything is "test"
+        return np.full(len(ids), name == "test")
+    heldout = (split == 2) & (ids % 16 == 0)
+    masks = {"test": heldout, "val": split == 1, "train": (split != 1) & ~heldout}
+    if name not in masks:
+        raise ValueError(f"unknown split {name!r}: use train, val, test or all")
+    return masks[name]
+
+
+def load_faces(path: str | Path | None = None, limit: int | None = None, progress: bool = False,
+               part: str | None = None) -> Faces:
+    """Load faces from an .npz, a CelebA folder, or a folder of photos. `part` keeps one part of
+    the split; for a CelebA folder it filters before reading, so only those photos are decoded."""
+    faces = _load_any(path, limit, progress, part)
+    return faces if part is None else faces.part(part)
+
+
+def _load_any(path, limit, progress, part) -> Faces:
     path = Path(path) if path is not None else DEFAULT_DATA / "celeba32.npz"
     if not path.exists():
         raise FileNotFoundError(f"data path does not exist: {path}")
@@ -154,7 +169,7 @@ def load_faces(path: str | Path | None = None, limit: int | None = None, progres
     if path.is_dir() and (path / "celeba32.npz").exists():
         return _load_npz(path / "celeba32.npz", limit)
     if path.is_dir() and (path / "img_align_celeba").is_dir():
-        return _load_celeba(path, limit, progress)
+        return _load_celeba(path, limit, progress, part)
     if path.is_dir():
         return _load_folder(path, limit, progress)
     raise ValueError(f"{path}: expected a .npz array file, a CelebA folder or a folder of images")
@@ -188,7 +203,7 @@ def _read_many(paths, celeba_aligned, progress):
     return images, names, skipped
 
 
-def _load_celeba(root: Path, limit, progress) -> Faces:
+def _load_celeba(root: Path, limit, progress, part=None) -> Faces:
     part_file = root / "list_eval_partition.txt"
     partition = {}
     if part_file.exists():
@@ -197,6 +212,10 @@ def _load_celeba(root: Path, limit, progress) -> Faces:
                 name, s = line.split()
                 partition[name] = int(s)
     files = sorted(p for p in (root / "img_align_celeba").iterdir() if p.suffix.lower() in IMAGE_EXTS)
+    if part is not None and partition:
+        ids = np.array([int(p.stem) if p.stem.isdigit() else -1 for p in files])
+        keep = part_mask(part, ids, np.array([partition.get(p.name, -1) for p in files]))
+        files = [f for f, k in zip(files, keep) if k]
     files = files[:limit]
     images, names, skipped = _read_many(files, True, progress)
     if not images:

@@ -110,10 +110,11 @@ def accepted_length(props: torch.Tensor, verify_logits: torch.Tensor, opts: Deco
 
 @torch.no_grad()
 def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, progress=None,
-           progress_every: int = 64, proposer=None) -> DecodeResult:
+           progress_every: int = 64, proposer=None, seeds=None) -> DecodeResult:
     """Decode a batch of 8x8 inputs (B,8,8,3) uint8 into 32x32 faces.
     progress(tokens (B,3072) np, done_counts (B,) np, block_map (B,3072) np, calls): called
-    every `progress_every` model calls, for live display. proposer: see _propose."""
+    every `progress_every` model calls, for live display. proposer: see _propose. seeds: one
+    sampling seed per image (temperature > 0), so a sample does not depend on its batch."""
     opts = opts or DecodeOptions()
     opts.check(model)
     lr = check_input(lr)
@@ -129,7 +130,9 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     hist = torch.zeros(B, k, dtype=torch.long)
     calls = torch.ones(B, dtype=torch.long)
     finish = np.zeros(B)
-    gen = _gumbel_source(B, opts, dev) if opts.temperature > 0 else None
+    if seeds is not None and len(seeds) != B:
+        raise ValueError(f"got {len(seeds)} seeds for {B} images")
+    gen = _gumbel_source(B, opts, dev, seeds) if opts.temperature > 0 else None
 
     h = model.step(cache, torch.full((B, 1), -1, dtype=torch.long, device=dev),
                    torch.zeros(B, dtype=torch.long, device=dev))[:, 0]
@@ -201,12 +204,12 @@ def _propose(model, h, k, opts, gen, t, rows, proposer=None):
     return torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first
 
 
-def _gumbel_source(B, opts, dev):
-    """Per-image Gumbel noise from a per-image generator (seed + index), so sampling with a seed
-    gives the same image whatever batch it is decoded in."""
+def _gumbel_source(B, opts, dev, seeds=None):
+    """Per-image Gumbel noise from a per-image generator. With `seeds` (one per image) an image's
+    sample does not depend on its batch; by default image i of the batch gets seed*1_000_003 + i."""
     noise = torch.empty(B, SEQ_LEN, 256)
     for i in range(B):
-        g = torch.Generator().manual_seed(opts.seed * 1_000_003 + i)
+        g = torch.Generator().manual_seed(int(seeds[i]) if seeds is not None else opts.seed * 1_000_003 + i)
         u = torch.rand(SEQ_LEN, 256, generator=g).clamp_(1e-10, 1 - 1e-7)
         noise[i] = -torch.log(-torch.log(u))
     return noise.to(dev)

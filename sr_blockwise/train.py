@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
@@ -74,49 +75,54 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * min(s / cfg.warmup, math.sqrt(cfg.warmup / s))
 
 
-def losses(model: ImageTransformerSR, src, tgt, cfg: TrainConfig, gen: torch.Generator):
-    """Returns (p1 loss in nats/token, head loss, per-head losses list or None)."""
-    m = model.module if hasattr(model, "module") else model
-    if cfg.stage == "heads":
-        with torch.no_grad():
-            h = model(src, tgt)
-    else:
-        h = model(src, tgt)
-    base_loss = F.cross_entropy(m.logits(h).float().flatten(0, 1), tgt.flatten())
-    G = m.cfg.n_groups
-    if G == 0 or m.heads is None:
-        return base_loss, torch.zeros((), device=h.device), None
-    hh = h.detach() if cfg.stage == "base" else h
-    B = tgt.shape[0]
-    n_pos = max(1, int(SEQ_LEN * cfg.head_frac))
-    pos = torch.randperm(SEQ_LEN, generator=gen)[:n_pos].to(h.device)
-    hs = hh[:, pos]  # (B, P, d)
-    off0 = 1 if m.cfg.head1 == "base" else 0  # group i predicts the token (i + off0) ahead
-    if cfg.head_loss == "random":
-        gi = int(torch.randint(G, (1,), generator=gen))
-        groups = [gi]
-        z = m.heads(hs, gi + 1)[:, :, gi : gi + 1]  # nested: group gi needs only groups <= gi
-    else:
-        groups = list(range(G))
-        z = m.heads(hs, G)
-    logits = m.lm_head(z).float()  # (B, P, g, 256)
-    per_head = []
-    for j, gi in enumerate(groups):
-        ahead = gi + off0
-        tpos = pos + ahead
-        valid = tpos < SEQ_LEN
-        target = tgt[:, tpos.clamp(max=SEQ_LEN - 1)]
-        l = F.cross_entropy(logits[:, :, j][:, valid].flatten(0, 1), target[:, valid].flatten())
-        per_head.append(l)
-    head_loss = torch.stack(per_head).sum() if cfg.head_loss == "sum" else per_head[0] * G
-    return base_loss, head_loss, [float(x) for x in per_head]
+class TrainingLoss(nn.Module):
+    """The model plus its training loss, as one module, so that DistributedDataParallel sees every
+    parameter use (the output projection and heads too) inside forward."""
+
+    def __init__(self, model: ImageTransformerSR, cfg: TrainConfig):
+        super().__init__()
+        self.model, self.cfg = model, cfg
+
+    def forward(self, src, tgt, gen: torch.Generator):
+        """Returns (p1 loss in nats/token, head loss, per-head losses list or None)."""
+        m, cfg = self.model, self.cfg
+        if cfg.stage == "heads":
+            with torch.no_grad():
+                h = m(src, tgt)
+        else:
+            h = m(src, tgt)
+        base_loss = F.cross_entropy(m.logits(h).float().flatten(0, 1), tgt.flatten())
+        G = m.cfg.n_groups
+        if G == 0 or m.heads is None:
+            return base_loss, torch.zeros((), device=h.device), None
+        hh = h.detach() if cfg.stage == "base" else h
+        n_pos = max(1, int(SEQ_LEN * cfg.head_frac))
+        pos = torch.randperm(SEQ_LEN, generator=gen)[:n_pos].to(h.device)
+        hs = hh[:, pos]  # (B, P, d)
+        off0 = 1 if m.cfg.head1 == "base" else 0  # group i predicts the token (i + off0) ahead
+        if cfg.head_loss == "random":
+            gi = int(torch.randint(G, (1,), generator=gen))
+            groups = [gi]
+            z = m.heads(hs, gi + 1)[:, :, gi : gi + 1]  # nested: group gi needs only groups <= gi
+        else:
+            groups = list(range(G))
+            z = m.heads(hs, G)
+        logits = m.lm_head(z).float()  # (B, P, g, 256)
+        per_head = []
+        for j, gi in enumerate(groups):
+            tpos = pos + gi + off0
+            valid = tpos < SEQ_LEN
+            target = tgt[:, tpos.clamp(max=SEQ_LEN - 1)]
+            per_head.append(F.cross_entropy(logits[:, :, j][:, valid].flatten(0, 1), target[:, valid].flatten()))
+        head_loss = torch.stack(per_head).sum() if cfg.head_loss == "sum" else per_head[0] * G
+        return base_loss, head_loss, [float(x.detach()) for x in per_head]
 
 
 @torch.no_grad()
 def bits_per_dim(model: ImageTransformerSR, images32: np.ndarray, batch_size: int = 8,
                  bf16: bool = True, device: str = "cpu") -> float:
     """Held-out negative log-likelihood of p1 in bits per intensity."""
-    m = model.module if hasattr(model, "module") else model
+    m = model
     was_training = m.training
     m.eval()
     total, count = 0.0, 0
@@ -132,8 +138,8 @@ def bits_per_dim(model: ImageTransformerSR, images32: np.ndarray, batch_size: in
     return total / count / math.log(2)
 
 
-def save_checkpoint(path: Path, model, opt, step: int, cfg: TrainConfig, extra: dict) -> None:
-    m = model.module if hasattr(model, "module") else model
+def save_checkpoint(path: Path, model: ImageTransformerSR, opt, step: int, cfg: TrainConfig, extra: dict) -> None:
+    m = model
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "step": step,
@@ -156,6 +162,7 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
                 raise ValueError(f"--init-from {cfg.init_from}: its {f}={getattr(model.cfg, f)} does not "
                                  f"match preset {cfg.preset!r} ({getattr(want, f)})")
         return model
+    torch.manual_seed(cfg.seed)  # the same run config gives the same initial weights
     return ImageTransformerSR(preset(cfg.preset))
 
 
@@ -206,7 +213,9 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, best = ck["step"], ck.get("best_val_bpd", float("inf"))
-    dmodel = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if ddp else model
+    loss_fn = TrainingLoss(model, cfg)
+    if ddp:
+        loss_fn = torch.nn.parallel.DistributedDataParallel(loss_fn, find_unused_parameters=True)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "log.csv"
@@ -240,7 +249,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             for g in opt.param_groups:
                 g["lr"] = lr_at(step + 1, cfg)
             with torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16):
-                base_loss, head_loss, per_head = losses(dmodel, src, tgt, cfg, gen)
+                base_loss, head_loss, per_head = loss_fn(src, tgt, gen)
             w_base = 0.0 if cfg.stage == "heads" else 1.0
             loss = w_base * base_loss + cfg.head_weight * head_loss
             opt.zero_grad(set_to_none=True)
@@ -266,13 +275,13 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             if rank == 0 and step % 10 == 0 or "val_bpd" in last:
                 _append_log(log_path, last) if rank == 0 else None
             if rank == 0 and now - last_ckpt > cfg.ckpt_minutes * 60:
-                save_checkpoint(ckpt_path, dmodel, opt, step, cfg, {"best_val_bpd": best})
+                save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
                 last_ckpt = time.time()
     finally:
         signal.signal(signal.SIGINT, old_handler)
         bar.close()
         if rank == 0 and steps_this_run:
-            save_checkpoint(ckpt_path, dmodel, opt, step, cfg, {"best_val_bpd": best})
+            save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
         if ddp:
             dist.destroy_process_group()
     return {"step": step, "run_dir": str(run_dir), **{k: v for k, v in last.items() if k != "per_head"}}

@@ -86,3 +86,10 @@ def test_prepare_from_a_folder_skips_bad_files(tmp_path, capsys):
     assert len(faces) == 2
     assert "skipped 1" in capsys.readouterr().out
     assert main(["prepare", str(tmp_path / "missing"), "-o", str(out)]) == 2
+
+
+def test_celeba_folder_part_filters_before_reading(celeba_npz):
+    root = celeba_npz.parent / "celeba"
+    test = load_faces(root, part="test")
+    assert len(test) > 0 and all(i % 16 == 0 for i in test.ids) and (test.split == 2).all()
+    assert len(test) < 5999 / 8  # only the held-out photos were read

@@ -110,6 +110,10 @@ def test_sampling_is_seeded_and_batch_invariant():
     assert not np.array_equal(a.images, greedy(m, lr).images)
     first = decode(m, lr[:1], opts)
     np.testing.assert_array_equal(first.images[0], a.images[0])
+    # with explicit per-image seeds, the second image alone equals itself in the batch
+    both = decode(m, lr, opts, seeds=[11, 12])
+    second = decode(m, lr[1:], opts, seeds=[12])
+    np.testing.assert_array_equal(second.images[0], both.images[1])
 
 
 def test_bad_inputs_are_refused_with_reasons():

@@ -75,7 +75,7 @@ def test_bad_inputs_touch_no_checkpoint(small_data, tmp_path, monkeypatch):
 def test_ddp_two_cpu_processes(small_data, tmp_path):
     env = {**os.environ, "SR_BLOCKWISE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-           "-m", "sr_blockwise", "train", "--run", "ddp", "--preset", "tiny", "--data", small_data,
+           "-m", "sr_blockwise", "train", "--run-name", "ddp", "--preset", "tiny", "--data", small_data,
            "--batch-size", "2", "--max-steps", "3", "--warmup", "2", "--quiet", "--eval-minutes", "1e9"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
