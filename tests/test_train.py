@@ -22,8 +22,8 @@ def small_data(tmp_path):
 
 
 def cfg(data, run, **kw):
-    return TrainConfig(run=run, preset="tiny", data=data, batch_size=4, lr=3e-3, warmup=5,
-                       eval_minutes=1e9, ckpt_minutes=1e9, **kw)
+    return TrainConfig(**{"run": run, "preset": "tiny", "data": data, "batch_size": 4, "lr": 3e-3,
+                          "warmup": 5, "eval_minutes": 1e9, "ckpt_minutes": 1e9, **kw})
 
 
 def test_loss_falls_and_resume_continues_exactly(small_data, tmp_path, monkeypatch):
@@ -80,3 +80,18 @@ def test_ddp_two_cpu_processes(small_data, tmp_path):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert load_checkpoint(tmp_path / "cache/ddp/last.pt")["step"] == 3
+
+
+def test_distill_targets_then_finetune_on_them(small_data, tmp_path, monkeypatch, tiny_weights):
+    """Sequence-level distillation: the model's own greedy outputs become training targets."""
+    from sr_blockwise.cli import main
+
+    monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
+    out = tmp_path / "distill.npz"
+    assert main(["distill", "--weights", tiny_weights, "--data", small_data, "--n", "2",
+                 "--batch-size", "2", "-o", str(out)]) == 0
+    d = np.load(out)
+    assert d["images"].shape == (2, 32, 32, 3) and d["lr"].shape == (2, 8, 8, 3)
+    r = train(cfg(small_data, "ft", stage="finetune", init_from=tiny_weights, distill=str(out),
+                  max_steps=2, batch_size=2), progress=False)
+    assert r["step"] == 2
