@@ -51,7 +51,9 @@ def save_weights(model: ImageTransformerSR, out: str | Path, meta: dict | None =
 def resolve(name_or_path: str | Path) -> Path:
     """A weights name (in weights/), a .json/.safetensors path, or a training checkpoint .pt."""
     p = Path(name_or_path)
-    candidates = [p, p.with_suffix(".json"), WEIGHTS_DIR / f"{name_or_path}.json"]
+    # a bare name means shipped weights first, so a stray file in the working folder cannot shadow them
+    candidates = [WEIGHTS_DIR / f"{name_or_path}.json"] if p.name == str(name_or_path) else []
+    candidates += [p, p.with_name(p.name + ".json")]
     for c in candidates:
         if c.suffix in (".json", ".pt") and c.is_file():
             return c
@@ -77,8 +79,11 @@ def load_model(name_or_path: str | Path = DEFAULT_WEIGHTS, dtype: torch.dtype = 
                verify_sha: bool = True) -> ImageTransformerSR:
     path = resolve(name_or_path)
     if path.suffix == ".pt":  # a resumable training checkpoint
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-        cfg, state = ModelConfig.from_dict(ck["model_config"]), ck["model"]
+        try:
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+            cfg, state = ModelConfig.from_dict(ck["model_config"]), ck["model"]
+        except Exception as e:  # corrupt, or holding objects weights_only refuses to unpickle
+            raise WeightsError(f"{path}: not a usable training checkpoint ({type(e).__name__}: {e})") from None
     else:
         card = read_card(path)
         st = path.parent / card["file"]

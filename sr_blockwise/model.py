@@ -17,8 +17,7 @@ Deviations from the paper, each for a reason written next to it:
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
@@ -228,15 +227,14 @@ class BlockwiseHeads(nn.Module):
         cols = torch.arange(G).repeat_interleave(f)[None, :]
         self.register_buffer("tri_mask", (cols <= rows).float(), persistent=False)
         self.premasked = False  # set by ImageTransformerSR.for_inference
-        with torch.no_grad():  # start each group near "identity" so heads begin as copies of p1
-            self.down.weight.mul_(0.1)
 
     def forward(self, h, n_groups: int | None = None):
         """h: (..., d) -> (..., g, d) normalized states of the first g groups."""
         g = self.G if n_groups is None else n_groups
         W1, b1 = self.up.weight[: g * self.f], self.up.bias[: g * self.f]
-        W2 = self.down.weight if self.premasked else self.down.weight * self.tri_mask
-        W2 = W2[: g * self.d, : g * self.f]
+        W2 = self.down.weight[: g * self.d, : g * self.f]
+        if not self.premasked:
+            W2 = W2 * self.tri_mask[: g * self.d, : g * self.f]
         b2 = self.down.bias[: g * self.d]
         z = F.linear(F.gelu(F.linear(h, W1, b1)), W2, b2)
         z = z.view(*h.shape[:-1], g, self.d) + h.unsqueeze(-2)

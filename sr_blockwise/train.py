@@ -21,7 +21,7 @@ import math
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +107,10 @@ class TrainingLoss(nn.Module):
         else:
             groups = list(range(G))
             z = m.heads(hs, G)
-        logits = m.lm_head(z).float()  # (B, P, g, 256)
+        # in the base stage the heads must not move p1 either: they read the shared output
+        # projection without training it
+        W = m.lm_head.weight.detach() if cfg.stage == "base" else m.lm_head.weight
+        logits = F.linear(z, W).float()  # (B, P, g, 256)
         per_head = []
         for j, gi in enumerate(groups):
             tpos = pos + gi + off0
@@ -143,6 +146,7 @@ def save_checkpoint(path: Path, model: ImageTransformerSR, opt, step: int, cfg: 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "step": step,
+                "torch_rng": torch.get_rng_state(),  # dropout continues exactly after a resume
                 "model_config": m.cfg.to_dict(), "train_config": asdict(cfg), **extra}, tmp)
     os.replace(tmp, path)  # atomic: a crash mid-save never leaves a broken checkpoint
 
@@ -194,7 +198,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             train_imgs, train_lr = d["images"], d["lr"]
         if len(train_imgs) == 0:
             raise ValueError(f"{cfg.distill}: no distillation targets")
-    val_imgs = (val_set if len(val_set) else faces.part("train")).images[: cfg.eval_images]
+    val_imgs = val_set.images[: cfg.eval_images]  # no val part (e.g. a photo folder): no eval
 
     model = init_model(cfg)
     model.train()
@@ -204,15 +208,18 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             p.requires_grad = name.startswith("heads.")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=cfg.weight_decay)
-    step, log_rows, best = 0, [], float("inf")
+    step, best = 0, float("inf")
     if resume:
         ck = load_checkpoint(ckpt_path)
         if ck["model_config"] != model.cfg.to_dict():
             raise ValueError(f"{ckpt_path}: checkpoint config {ck['model_config']} does not match "
                              f"this run's model config {model.cfg.to_dict()}")
+        _check_resumable(ck["train_config"], cfg, ckpt_path)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, best = ck["step"], ck.get("best_val_bpd", float("inf"))
+        if "torch_rng" in ck:
+            torch.set_rng_state(ck["torch_rng"])
     loss_fn = TrainingLoss(model, cfg)
     if ddp:
         loss_fn = torch.nn.parallel.DistributedDataParallel(loss_fn, find_unused_parameters=True)
@@ -223,13 +230,14 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
     n = len(train_imgs)
     per_epoch = n // (cfg.batch_size * world)
+    if per_epoch == 0:
+        raise ValueError(f"{n} training images are fewer than one batch of {cfg.batch_size} x {world} processes")
     stop = {"flag": False}
 
     def on_sigint(sig, frame):
         stop["flag"] = True  # finish the step, checkpoint, exit
 
-    old_handler = signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGTERM, on_sigint)
+    old_handlers = signal.signal(signal.SIGINT, on_sigint), signal.signal(signal.SIGTERM, on_sigint)
     t_start = time.time()
     last_ckpt = last_eval = time.time()
     steps_this_run = 0
@@ -238,7 +246,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
                disable=not progress or rank != 0, unit="step", dynamic_ncols=True)
     last = {}
     try:
-        while step < cfg.max_steps and (time.time() - t_start) / 60 < cfg.max_minutes and not stop["flag"]:
+        while step < cfg.max_steps and not _should_stop(stop["flag"] or (time.time() - t_start) / 60 >= cfg.max_minutes, ddp):
             epoch, i = divmod(step, per_epoch)
             # data order is a pure function of (seed, epoch, step): resuming continues exactly
             perm = np.random.default_rng([cfg.seed, epoch]).permutation(n)
@@ -267,24 +275,45 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             bar.set_postfix(bpd=f"{last['bpd_train']:.3f}", heads=f"{last['head_loss']:.2f}",
                             ips=f"{last['imgs_per_s']:.2f}")
             now = time.time()
-            if rank == 0 and now - last_eval > cfg.eval_minutes * 60:
+            if rank == 0 and len(val_imgs) and now - last_eval > cfg.eval_minutes * 60:
                 last["val_bpd"] = bits_per_dim(model, val_imgs, bf16=cfg.bf16, device=cfg.device)
                 best = min(best, last["val_bpd"])
                 tqdm.write(f"step {step}: val bits/dim {last['val_bpd']:.4f}")
                 last_eval = time.time()
-            if rank == 0 and step % 10 == 0 or "val_bpd" in last:
-                _append_log(log_path, last) if rank == 0 else None
+            if rank == 0 and (step % 10 == 0 or "val_bpd" in last):
+                _append_log(log_path, last)
             if rank == 0 and now - last_ckpt > cfg.ckpt_minutes * 60:
                 save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
                 last_ckpt = time.time()
     finally:
-        signal.signal(signal.SIGINT, old_handler)
+        signal.signal(signal.SIGINT, old_handlers[0])
+        signal.signal(signal.SIGTERM, old_handlers[1])
         bar.close()
         if rank == 0 and steps_this_run:
             save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
         if ddp:
             dist.destroy_process_group()
     return {"step": step, "run_dir": str(run_dir), **{k: v for k, v in last.items() if k != "per_head"}}
+
+
+# settings that must not change across a resume: they decide the data order and the optimizer
+RESUME_KEYS = ("preset", "stage", "data", "distill", "batch_size", "seed", "head_loss")
+
+
+def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
+    diff = {k: (saved.get(k), getattr(cfg, k)) for k in RESUME_KEYS if saved.get(k) != getattr(cfg, k)}
+    if diff:
+        raise ValueError(f"{path}: cannot resume with different settings (checkpoint, now): {diff}")
+
+
+def _should_stop(local: bool, ddp: bool) -> bool:
+    """Under DDP every rank must leave the loop at the same step, or the others hang in the
+    gradient all-reduce: any rank that wants to stop stops them all."""
+    if not ddp:
+        return local
+    flag = torch.tensor([1.0 if local else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _append_log(path: Path, row: dict) -> None:

@@ -43,3 +43,15 @@ def test_wrong_or_damaged_weights_are_refused(tmp_path):
         load_model(js)
     with pytest.raises(WeightsError, match="no weights named"):
         load_model("no-such-weights")
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("unpickled!",))
+
+
+def test_a_checkpoint_with_pickled_objects_is_refused(tmp_path):
+    p = tmp_path / "evil.pt"
+    torch.save({"model_config": {}, "model": {}, "payload": Evil()}, p)
+    with pytest.raises(WeightsError, match="not a usable training checkpoint"):
+        load_model(p)
