@@ -18,7 +18,9 @@ from .model import ImageTransformerSR, preset
 
 
 def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: int = 50, pos: int = 1500) -> float:
-    """Median seconds of one incremental call feeding n_tokens per image at a mid-image position."""
+    """Median seconds of one decoding call as `decode` makes it with k = n_tokens: feed n tokens
+    per image at a mid-image position, p1's logits at all of them, and the next block's k
+    proposals at one of them (heads capped at the model's K)."""
     src = torch.randint(0, 256, (batch, 192))
     toks = torch.randint(0, 256, (batch, n_tokens))
     p = torch.full((batch,), pos)
@@ -29,7 +31,7 @@ def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: in
             t0 = time.perf_counter()
             h = model.step(cache, toks, p)
             model.logits(h).argmax(-1)
-            model.head_logits(h[:, 0], max(1, n_tokens - 1))  # the next block's proposals
+            model.head_logits(h[:, 0], min(n_tokens, model.cfg.n_blockwise))  # next block's proposals
             if i >= 5:
                 times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -55,6 +57,7 @@ def _copy_for(model_fp32: ImageTransformerSR, dtype) -> ImageTransformerSR:
 def decode_table(model: ImageTransformerSR, lr: np.ndarray, ks=(2, 4, 6, 8, 10),
                  modes=("exact", "eps=2", "oracle")) -> list[dict]:
     """Seconds per image for greedy and each (k, mode), batch as given; speedup vs greedy."""
+    decode(model, lr[:1], DecodeOptions(k=2, rule="oracle"))  # warm-up, untimed
     g = decode(model, lr, DecodeOptions(k=1))
     g_s = g.seconds / len(lr)
     rows = [{"mode": "greedy", "k": 1, "s_per_image": g_s, "calls": g.stats[0].calls,
