@@ -135,3 +135,52 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         Path(out).write_text(json.dumps(result, indent=1))
         Path(out).with_suffix(".md").write_text(f"{calls_md}\n\n{dec_md}\n")
     return result
+
+
+# ---------------------------------------------------------------- training throughput
+
+def matmul_rate(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
+    """Measured FLOP/s of a large square matmul: the ceiling training is compared against."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def train_throughput(preset_name: str = "cpu", batch: int = 8, steps: int = 5) -> dict:
+    """Images/s of real training steps (bf16 autocast, base stage with heads) and the FLOPs they
+    do, counted by torch's FlopCounterMode, as a fraction of the measured bf16 matmul rate."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .train import TrainConfig, TrainingLoss
+
+    torch.manual_seed(0)
+    model = ImageTransformerSR(preset(preset_name))
+    cfg = TrainConfig(preset=preset_name, batch_size=batch, head_frac=0.1)
+    loss_fn = TrainingLoss(model, cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    src = torch.randint(0, 256, (batch, 192))
+    tgt = torch.randint(0, 256, (batch, 3072))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            base, heads, _ = loss_fn(src, tgt, torch.Generator().manual_seed(0))
+        opt.zero_grad()
+        (base + heads).backward()
+        opt.step()
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    flops = counter.get_total_flops()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sec = (time.perf_counter() - t0) / steps
+    peak = matmul_rate(torch.bfloat16)
+    return {"preset": preset_name, "batch": batch, "images_per_s": batch / sec,
+            "gflop_per_image": flops / batch / 1e9, "achieved_gflops": flops / sec / 1e9,
+            "bf16_matmul_gflops": peak / 1e9, "fraction_of_matmul_rate": flops / sec / peak,
+            "machine": machine()}

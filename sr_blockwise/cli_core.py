@@ -95,6 +95,15 @@ def cmd_bench(a):
     return 0
 
 
+def cmd_bench_train(a):
+    from .bench import train_throughput
+
+    r = train_throughput(a.preset, a.batch_size, a.steps)
+    for k, v in r.items():
+        print(f"{k:>26}: {v:.3f}" if isinstance(v, float) else f"{k:>26}: {v}")
+    return 0
+
+
 def register(sub):
     p = sub.add_parser("prepare", help="CelebA folder / photos / .npz -> a 32x32 array file")
     p.add_argument("source", help="CelebA folder (img_align_celeba/ + list_eval_partition.txt), "
@@ -136,3 +145,9 @@ def register(sub):
     p.add_argument("--data", default=None)
     p.add_argument("--json", default="results/bench_decode.json")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("bench-train", help="training images/s and the fraction of the bf16 matmul rate")
+    p.add_argument("--preset", default="cpu")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5)
+    p.set_defaults(func=cmd_bench_train)

@@ -1,0 +1,23 @@
+"""Benchmarks: the tables are well formed, and the oracle run hits the call-count bound."""
+import numpy as np
+import torch
+
+from conftest import make_tiny
+from sr_blockwise.bench import call_cost_table, decode_table, train_throughput
+
+
+def test_oracle_accepts_k_per_call_and_tables_are_complete():
+    m = make_tiny(0).for_inference(torch.float32)
+    lr = np.random.default_rng(0).integers(0, 256, (1, 8, 8, 3), dtype=np.uint8)
+    rows = decode_table(m, lr, ks=(4,), modes=("exact", "oracle"))
+    assert [r["mode"] for r in rows] == ["greedy", "exact", "oracle"]
+    oracle = rows[-1]
+    assert oracle["mean_block"] == 4.0 and oracle["calls"] == 3072 / 4 + 1  # ~m/k + 1 calls
+    cost = call_cost_table(make_tiny(0), max_k=3, reps=2)
+    assert [(r["dtype"], r["tokens"]) for r in cost] == [(d, n) for d in ("fp32", "bf16") for n in (1, 2, 3, 4)]
+    assert all(r["ms"] > 0 for r in cost)
+
+
+def test_train_throughput_counts_flops():
+    r = train_throughput("tiny", batch=2, steps=1)
+    assert r["gflop_per_image"] > 0.1 and 0 < r["fraction_of_matmul_rate"] < 1
