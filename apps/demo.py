@@ -25,7 +25,7 @@ from PIL import Image
 
 from sr_blockwise.data import DEFAULT_DATA, BadImage, bicubic_upscale, from_tokens, image_to_input, open_rgb
 
-GREEDY_CALLS = 3072  # plain greedy decoding: one model call per intensity (32*32*3)
+GREEDY_CALLS = 3072  # = sr_blockwise.model.SEQ_LEN (greedy: one call per intensity); not imported: it loads torch
 CROPS = ("centre square", "detect face")
 FILL = 220  # intensity shown for tokens not decoded yet (light grey)
 # viridis, 5 stops: block map colours from 1 token per call (dark) to k (yellow)

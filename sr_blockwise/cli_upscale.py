@@ -6,7 +6,14 @@ from dataclasses import fields
 
 from .upscale import SAVE_ARGS, Config, run
 
-MODES = ("greedy", "exact", "approx", "sample")  # as sr_blockwise.decoding.options_for
+
+def decode_mode(name: str) -> str:
+    """--mode: one of sr_blockwise.decoding.MODES. Checked here rather than with `choices=`, which
+    would import the decoder (and torch) whenever the parser is built, e.g. for `sr-blockwise --help`."""
+    from .decoding import MODES
+    if name not in MODES:
+        raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(MODES)})")
+    return name
 
 
 def cmd_upscale(args: argparse.Namespace) -> int:
@@ -23,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or glob patterns "
                    "(quote globs: 'photos/**/*.jpg')")
     p.add_argument("-o", "--outdir", required=True, metavar="OUTDIR")
-    p.add_argument("--mode", default="exact", choices=MODES,
+    p.add_argument("--mode", default="exact", type=decode_mode, metavar="MODE",
                    help="greedy: one token per call; exact: blockwise, same output as greedy (default); "
                         "approx: blockwise, accepts proposals within --eps levels; sample: temperature sampling")
     p.add_argument("--k", type=int, default=6, help="block size for exact / approx (default 6)")

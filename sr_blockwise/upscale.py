@@ -2,8 +2,8 @@
 
 The pipeline per image is the demo's: open_rgb -> image_to_input (centre-square or CelebA crop,
 area downsample to 8x8; 8x8 images as is) -> blockwise decoding -> 32x32. Images are decoded
-together in batches; the decoder keeps each image's own position and accepted length, so an
-image's output does not depend on its batch.
+together in batches, in every mode; the decoder keeps each image's own position and accepted
+length (and, sampling, its own seed), so an image's output does not depend on its batch.
 
 Safety rules, each enforced below:
 - outputs are written to a hidden temporary file in the target folder and renamed into place, so
@@ -25,23 +25,20 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 from PIL import Image
 
 from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, image_to_input, open_rgb
+from .metrics import PSNR_SETTINGS, SSIM_SETTINGS, psnr, ssim
 
-GREEDY_CALLS = 3072  # plain greedy decoding: one model call per intensity (32*32*3)
 SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
     "png": ("PNG", {}),
     "jpg": ("JPEG", {"quality": 95, "subsampling": 0}),  # 4:4:4, no chroma blur
     "webp": ("WEBP", {"lossless": True}),
 }
-# the same settings as sr_blockwise/metrics.py (used by `evaluate`), so numbers compare
-SSIM_SETTINGS = {"data_range": 255, "channel_axis": -1, "gaussian_weights": True, "sigma": 1.5,
-                 "use_sample_covariance": False}
 METRIC_FIELDS = ["input", "output", "status", "reason", "mode", "k", "eps", "temperature", "seed",
                  "batch_size", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
                  "psnr_bicubic", "ssim_bicubic"]
@@ -289,16 +286,15 @@ def compare_strip(lr: np.ndarray, out: np.ndarray, gt: np.ndarray | None = None,
 
 
 def quality(gt: np.ndarray, img: np.ndarray) -> tuple[float, float]:
-    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
-    with np.errstate(divide="ignore"):  # identical images: +inf dB, on purpose
-        p = peak_signal_noise_ratio(gt, img, data_range=255)
-    return float(p), float(structural_similarity(gt, img, **SSIM_SETTINGS))
+    """(PSNR, SSIM) of one output against its ground truth, as `evaluate` computes them."""
+    return float(psnr(gt, img)[0]), float(ssim(gt, img)[0])
 
 
 def job_seed(seed: int, rel: PurePosixPath) -> int:
-    """Sampling seed per image from --seed and its relative path: the same image gets the same
-    sample whatever its batch, shard or resume."""
-    return int.from_bytes(hashlib.sha1(f"{seed}:{rel}".encode()).digest()[:4], "big")
+    """Sampling seed per image (decode's `seeds=`) from --seed and its relative path: the same
+    image gets the same sample whatever its batch, shard or resume. (The factor 1_000_003 keeps
+    the samples of earlier versions, which decoded each image alone as decode's image 0.)"""
+    return int.from_bytes(hashlib.sha1(f"{seed}:{rel}".encode()).digest()[:4], "big") * 1_000_003
 
 
 # ---------------------------------------------------------------- the run
@@ -331,9 +327,10 @@ class Summary:
                + (f", not processed {left} (interrupted: rerun with --skip-existing to finish)" if left else "")]
         out.append(f"time {self.seconds:.1f} s ({rate:.2f} images/s), model loading {self.load_seconds:.1f} s")
         if self.blocks:
+            from .model import SEQ_LEN  # greedy: one call per intensity (torch is loaded by now)
             calls = float(np.mean(self.calls))
             out.append(f"mean block size {np.mean(self.blocks):.2f} tokens/call, {calls:.0f} model calls "
-                       f"per image ({GREEDY_CALLS / calls:.2f}x fewer than greedy)")
+                       f"per image ({SEQ_LEN / calls:.2f}x fewer than greedy)")
         g = self.greedy_check
         if g:
             same = "" if g["identical"] is None else (", outputs identical to greedy" if g["identical"]
@@ -457,14 +454,11 @@ class _StopFlag:
 
 
 def decode_batch(model, lrs: np.ndarray, jobs: list[Job], opts, progress=None):
-    """(B,8,8,3) -> (images, stats). Sampling decodes image by image with a per-image seed: the
-    decoder's noise depends on the position in the batch, ours must not."""
+    """(B,8,8,3) -> (images, stats). Sampling seeds each image from its path (job_seed), not from
+    its position in the batch, so a sample does not depend on its batch either."""
     from .decoding import decode
-    if opts.temperature > 0:
-        res = [decode(model, lrs[i:i + 1], replace(opts, seed=job_seed(opts.seed, j.rel)))
-               for i, j in enumerate(jobs)]
-        return np.concatenate([r.images for r in res]), [r.stats[0] for r in res]
-    r = decode(model, lrs, opts, progress=progress)
+    seeds = [job_seed(opts.seed, j.rel) for j in jobs] if opts.temperature > 0 else None
+    r = decode(model, lrs, opts, progress=progress, seeds=seeds)
     return r.images, r.stats
 
 
@@ -476,6 +470,7 @@ def run(cfg: Config) -> int:
 
     from .checkpoints import default_weights, load_model
     from .decoding import options_for
+    from .model import SEQ_LEN
 
     if cfg.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
@@ -514,7 +509,7 @@ def run(cfg: Config) -> int:
     settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
                 "temperature": opts.temperature or None, "seed": cfg.seed if opts.temperature else None,
                 "batch_size": cfg.batch_size, "device": device, "dtype": cfg.dtype, "shard": f"{i}/{n}",
-                "ssim": SSIM_SETTINGS, "psnr": {"data_range": 255}}
+                "ssim": dict(SSIM_SETTINGS), "psnr": dict(PSNR_SETTINGS)}
     metrics = Metrics(mpath, settings, cfg.skip_existing)
     base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size")}
     for j in done_before:
@@ -552,7 +547,7 @@ def run(cfg: Config) -> int:
     def progress(tokens, done_counts, bmap, calls):  # live share of the current batch, twice a second
         if time.perf_counter() - shown[0] > 0.5:
             shown[0] = time.perf_counter()
-            bar.set_postfix_str(f"batch {done_counts.mean() / GREEDY_CALLS:.0%}", refresh=True)
+            bar.set_postfix_str(f"batch {done_counts.mean() / SEQ_LEN:.0%}", refresh=True)
 
     t1 = time.perf_counter()
     try:
