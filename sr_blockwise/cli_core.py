@@ -104,6 +104,37 @@ def cmd_bench_train(a):
     return 0
 
 
+def cmd_learning_curve(a):
+    """Train and held-out bits/dim against images seen, from the runs' log.csv files."""
+    import csv
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .train import CACHE_DIR
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    offset = 0
+    for run, batch in zip(a.runs, a.batch_sizes or [8] * len(a.runs)):
+        rows = list(csv.DictReader(open(CACHE_DIR / run / "log.csv")))
+        steps = [int(r["step"]) * batch + offset for r in rows]
+        ax.plot(steps, [float(r["bpd_train"]) for r in rows], alpha=0.4, label=f"{run}: train batch")
+        val = [(s, float(r["val_bpd"])) for s, r in zip(steps, rows) if r["val_bpd"]]
+        if val:
+            ax.plot(*zip(*val), "o-", label=f"{run}: validation")
+        offset = steps[-1]
+    ax.set_xlabel("training images seen")
+    ax.set_ylabel("bits/dim (p1)")
+    ax.set_ylim(top=8.2)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=110)
+    print(f"wrote {a.out}")
+    return 0
+
+
 def register(sub):
     p = sub.add_parser("prepare", help="CelebA folder / photos / .npz -> a 32x32 array file")
     p.add_argument("source", help="CelebA folder (img_align_celeba/ + list_eval_partition.txt), "
@@ -145,6 +176,12 @@ def register(sub):
     p.add_argument("--data", default=None)
     p.add_argument("--json", default="results/bench_decode.json")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("learning-curve", help="plot bits/dim from training runs' logs")
+    p.add_argument("runs", nargs="+", help="run names in ~/.cache/sr-blockwise, in training order")
+    p.add_argument("--batch-sizes", type=int, nargs="*", default=None)
+    p.add_argument("-o", "--out", default="docs/learning-curve.png")
+    p.set_defaults(func=cmd_learning_curve)
 
     p = sub.add_parser("bench-train", help="training images/s and the fraction of the bf16 matmul rate")
     p.add_argument("--preset", default="cpu")

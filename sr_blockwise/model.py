@@ -75,7 +75,7 @@ PRESETS = {
     # a few seconds to build; for tests
     "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_enc_layers=1, n_dec_layers=2,
                         block_len=64, n_blockwise=10, head_ff=16),
-    # the shipped model: 3.4M parameters, ~5 training images/s on 2 Zen 5 cores in bf16, about
+    # the shipped model: 3.2M parameters, ~4 training images/s on 2 Zen 5 cores in bf16, about
     # one epoch of the training split per 2 hours; greedy decode ~1 ms per token
     "cpu": ModelConfig(),
     # img2img_transformer_b3 from PAPER.md, for GPU users
