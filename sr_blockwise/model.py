@@ -297,8 +297,10 @@ class ImageTransformerSR(nn.Module):
             + self.ch_emb(self.tgt_ch[pos])
 
     def out_proj(self, z: torch.Tensor) -> torch.Tensor:
-        # the 256-way projection runs in the lm_head's dtype (kept fp32 for inference) so that
-        # bf16 rounding of logits does not create argmax ties
+        # the 256-way projection runs in the lm_head's dtype, float64 for inference: bf16 logits
+        # would tie, and an fp32 matmul rounds a row differently depending on how many rows it is
+        # computed with (measured: 1 row vs 2+), which flips near-tied argmaxes between a greedy
+        # call and a verify call. In float64 those differences are ~1e-16 and flip nothing.
         return self.lm_head(z.to(self.lm_head.weight.dtype))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -334,9 +336,9 @@ class ImageTransformerSR(nn.Module):
     # --- incremental forward with a preallocated KV cache
 
     def for_inference(self, dtype: torch.dtype = torch.bfloat16) -> "ImageTransformerSR":
-        """Cast for decoding: everything in `dtype` except the output projection (fp32)."""
+        """Cast for decoding: everything in `dtype` except the output projection (float64)."""
         self.eval().to(dtype)
-        self.lm_head.float()
+        self.lm_head.double()
         if self.heads is not None:  # the masked head matrix, once, not at every call
             with torch.no_grad():
                 self.heads.down.weight.mul_(self.heads.tri_mask.to(dtype))
