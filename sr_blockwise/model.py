@@ -355,9 +355,10 @@ class ImageTransformerSR(nn.Module):
         of the cache these are (default all). K/V are written at their positions; each query reads
         only its local window. Returns the final decoder states (B, n, d).
 
-        The window has a fixed width (2 blocks + cache.max_extra) whatever n is, so a 1-token and
-        a k-token call reduce over the same number of keys: this keeps the numerics of greedy and
-        blockwise calls alike, which is what keeps exact mode exact in bf16."""
+        Each query reads its own window: the 2 blocks that start at its own block's previous block,
+        whatever call it is in. So a query computes exactly the same attention whether it comes
+        alone (greedy) or inside a k-token verify call that straddles a block boundary, and in any
+        batch: this is what keeps exact mode exact in bf16."""
         B, n = tokens.shape
         if n > cache.max_extra:
             raise ValueError(f"step got {n} tokens per image; the cache allows {cache.max_extra}")
@@ -365,17 +366,25 @@ class ImageTransformerSR(nn.Module):
         dev = tokens.device
         qpos = pos[:, None] + torch.arange(n, device=dev)  # (B, n)
         x = self.embed_targets(tokens, qpos.clamp(max=SEQ_LEN - 1))
-        W = 2 * L + cache.max_extra
-        lo = ((pos // L - 1) * L).clamp(min=0)
-        kpos = lo[:, None] + torch.arange(W, device=dev)  # (B, W)
-        mask = local_mask(qpos, kpos, L).unsqueeze(1)  # (B, 1, n, W)
+        lo = ((qpos // L - 1) * L).clamp(min=0)  # (B, n) each query's window start
+        kpos = lo[..., None] + torch.arange(2 * L, device=dev)  # (B, n, 2L)
+        mask = (kpos <= qpos[..., None]).view(B * n, 1, 1, 2 * L)
         bidx = (torch.arange(B, device=dev) if rows is None else rows)[:, None]
+        H = self.cfg.n_heads
+        hd = self.cfg.d_model // H
+
+        def per_query(t):  # (B, n, 2L, d) -> (B*n, H, 2L, hd)
+            return t.view(B * n, 2 * L, H, hd).transpose(1, 2)
+
         for i, layer in enumerate(self.decoder):
             a = layer.self_attn
             q, k, v = a.qkv(layer.ln1(x)).chunk(3, dim=-1)
             cache.k[i][bidx, qpos] = k
             cache.v[i][bidx, qpos] = v
-            x = x + a.out(a.attend(q, cache.k[i][bidx, kpos], cache.v[i][bidx, kpos], mask))
+            kw, vw = cache.k[i][bidx[..., None], kpos], cache.v[i][bidx[..., None], kpos]
+            o = F.scaled_dot_product_attention(q.reshape(B * n, 1, H, hd).transpose(1, 2),
+                                               per_query(kw), per_query(vw), attn_mask=mask)
+            x = x + a.out(o.transpose(1, 2).reshape(B, n, H * hd))
             c = layer.cross_attn
             ek, ev = cache.enc_k[i], cache.enc_v[i]
             if rows is not None:
