@@ -13,7 +13,12 @@ Deviations from the paper, each for a reason written next to it:
   hidden chunks 1..g, so one checkpoint trained with K heads is exactly a k-head model for every
   k <= K, and the cost of k heads grows as k^2/2 instead of K^2;
 - head1="base" (default) makes p1 the untouched base logits, so a frozen base decodes exactly
-  like the base; head1="layer" routes p1 through the head layer as the paper does.
+  like the base; head1="layer" routes p1 through the head layer as the paper does;
+- lr_skip=True (the cpu preset) adds to each decoder input an embedding of the low-resolution
+  intensity that covers the predicted position. The paper's model finds it through
+  cross-attention alone, which takes far more training than 2 CPU cores give: after 2 hours our
+  model without it still ignored most of the input. Zero-initialized, so a model trained without
+  it warm-starts unchanged.
 """
 from __future__ import annotations
 
@@ -43,6 +48,9 @@ class ModelConfig:
     head_ff: int = 128  # hidden width per head group in the blockwise layer
     head1: str = "base"  # "base": p1 = base logits; "layer": p1 also goes through the head layer
     dropout: float = 0.0
+    # add to each decoder input an embedding of the 8x8 input's intensity under the position being
+    # predicted (its 4x4 cell, same channel); see the module docstring
+    lr_skip: bool = False
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -74,10 +82,10 @@ class ModelConfig:
 PRESETS = {
     # a few seconds to build; for tests
     "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_enc_layers=1, n_dec_layers=2,
-                        block_len=64, n_blockwise=10, head_ff=16),
+                        block_len=64, n_blockwise=10, head_ff=16, lr_skip=True),
     # the shipped model: 3.2M parameters, ~4 training images/s on 2 Zen 5 cores in bf16, about
     # one epoch of the training split per 2 hours; greedy decode ~1 ms per token
-    "cpu": ModelConfig(),
+    "cpu": ModelConfig(lr_skip=True),
     # img2img_transformer_b3 from PAPER.md, for GPU users
     "paper": ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_enc_layers=4, n_dec_layers=8,
                          block_len=128, n_blockwise=10, head_ff=2048, head1="layer", dropout=0.1),
@@ -261,8 +269,14 @@ class ImageTransformerSR(nn.Module):
         self.dec_ln = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, VOCAB, bias=False)
         self.heads = BlockwiseHeads(cfg) if cfg.n_groups > 0 else None
+        self.lr_emb = nn.Embedding(VOCAB * CHANNELS, d) if cfg.lr_skip else None
         self.apply(self._init)
+        if self.lr_emb is not None:
+            nn.init.zeros_(self.lr_emb.weight)  # starts as the plain model (warm starts keep it)
         r, c, ch = target_coords()
+        # the source token (8x8 input, same channel) whose 4x4 cell covers each target position
+        self.register_buffer("tgt_src", (r // 4) * (INPUT_SIZE * CHANNELS) + (c // 4) * CHANNELS + ch,
+                             persistent=False)
         self.register_buffer("tgt_r", r, persistent=False)
         self.register_buffer("tgt_c", c, persistent=False)
         self.register_buffer("tgt_ch", ch, persistent=False)
@@ -289,12 +303,16 @@ class ImageTransformerSR(nn.Module):
     def cross_kv(self, enc: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.cross_attn.kv(enc).chunk(2, dim=-1) for layer in self.decoder]
 
-    def embed_targets(self, prev_tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """prev_tokens: (B, T) the token before each position (-1 = start); pos: (B, T) positions."""
+    def embed_targets(self, prev_tokens: torch.Tensor, pos: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        """prev_tokens: (B, T) the token before each position (-1 = start); pos: (B, T) positions;
+        src: (B, 192) the 8x8 input (read only with lr_skip)."""
         prev_ch = (pos - 1) % CHANNELS
         idx = torch.where(prev_tokens < 0, VOCAB * CHANNELS, prev_tokens + VOCAB * prev_ch)
-        return self.tgt_emb(idx) + self.row_emb(self.tgt_r[pos]) + self.col_emb(self.tgt_c[pos]) \
+        x = self.tgt_emb(idx) + self.row_emb(self.tgt_r[pos]) + self.col_emb(self.tgt_c[pos]) \
             + self.ch_emb(self.tgt_ch[pos])
+        if self.lr_emb is not None:
+            x = x + self.lr_emb(torch.gather(src, 1, self.tgt_src[pos]) + VOCAB * self.tgt_ch[pos])
+        return x
 
     def out_proj(self, z: torch.Tensor) -> torch.Tensor:
         # the 256-way projection runs in the lm_head's dtype, float64 for inference: bf16 logits
@@ -328,7 +346,7 @@ class ImageTransformerSR(nn.Module):
         enc = self.encode(src)
         prev = torch.cat([torch.full((B, 1), -1, dtype=tgt.dtype, device=tgt.device), tgt[:, :-1]], 1)
         pos = torch.arange(T, device=tgt.device).expand(B, T)
-        x = self.embed_targets(prev, pos)
+        x = self.embed_targets(prev, pos, src)
         for layer, (ek, ev) in zip(self.decoder, self.cross_kv(enc)):
             x = layer(x, ek, ev)
         return self.dec_ln(x)
@@ -365,7 +383,8 @@ class ImageTransformerSR(nn.Module):
         L = self.cfg.block_len
         dev = tokens.device
         qpos = pos[:, None] + torch.arange(n, device=dev)  # (B, n)
-        x = self.embed_targets(tokens, qpos.clamp(max=SEQ_LEN - 1))
+        src = cache.src if rows is None else cache.src[rows]
+        x = self.embed_targets(tokens, qpos.clamp(max=SEQ_LEN - 1), src)
         lo = ((qpos // L - 1) * L).clamp(min=0)  # (B, n) each query's window start
         kpos = lo[..., None] + torch.arange(2 * L, device=dev)  # (B, n, 2L)
         mask = (kpos <= qpos[..., None]).view(B * n, 1, 1, 2 * L)
@@ -407,6 +426,7 @@ class KVCache:
         if torch.is_autocast_enabled(src.device.type):
             dtype = torch.get_autocast_dtype(src.device.type)
         self.max_extra = max_extra
+        self.src = src
         size = SEQ_LEN + 3 * cfg.block_len + 2 * max_extra  # room for windows past the end
         self.k = [torch.zeros(B, size, cfg.d_model, dtype=dtype, device=src.device)
                   for _ in model.decoder]

@@ -21,7 +21,7 @@ import math
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +165,11 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
             if getattr(model.cfg, f) != getattr(want, f):
                 raise ValueError(f"--init-from {cfg.init_from}: its {f}={getattr(model.cfg, f)} does not "
                                  f"match preset {cfg.preset!r} ({getattr(want, f)})")
+        if want.lr_skip and not model.cfg.lr_skip:  # grow it: the new embedding starts at zero
+            grown = ImageTransformerSR(replace(model.cfg, lr_skip=True))
+            missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+            assert missing == ["lr_emb.weight"] and not unexpected, (missing, unexpected)
+            model = grown
         return model
     torch.manual_seed(cfg.seed)  # the same run config gives the same initial weights
     return ImageTransformerSR(preset(cfg.preset))

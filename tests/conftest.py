@@ -14,7 +14,10 @@ from sr_blockwise.model import ImageTransformerSR, preset
 
 def make_tiny(seed: int = 0, **overrides) -> ImageTransformerSR:
     torch.manual_seed(seed)
-    return ImageTransformerSR(preset("tiny", **overrides)).eval()
+    m = ImageTransformerSR(preset("tiny", **overrides)).eval()
+    if m.lr_emb is not None:  # zero at init; random here so that tests exercise the skip path
+        torch.nn.init.normal_(m.lr_emb.weight, std=0.1)
+    return m
 
 
 @pytest.fixture(scope="session")

@@ -29,9 +29,9 @@ def test_local_mask_shape_of_the_window():
     assert mask[2].nonzero().flatten().tolist() == [0, 1, 2]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_cached_incremental_forward_matches_full_forward(seed):
-    m = make_tiny(seed).double()
+@pytest.mark.parametrize("seed,lr_skip", [(0, True), (1, True), (2, False)])
+def test_cached_incremental_forward_matches_full_forward(seed, lr_skip):
+    m = make_tiny(seed, lr_skip=lr_skip).double()
     B = 3
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(0, 256, (B, 192), generator=g)
@@ -109,3 +109,19 @@ def test_presets_and_bad_configs():
         preset("huge")
     with pytest.raises(ValueError, match="unknown model config"):
         ModelConfig.from_dict({**preset("tiny").to_dict(), "colour": 1})
+
+
+def test_lr_skip_reads_the_input_cell_under_each_position():
+    """With lr_skip, the decoder input at (row, col, ch) depends on the 8x8 input only through
+    the intensity of cell (row//4, col//4, ch)."""
+    m = make_tiny(6).double()
+    src = torch.randint(0, 256, (1, 192))
+    prev = torch.randint(0, 256, (1, SEQ_LEN))
+    pos = torch.arange(SEQ_LEN)[None]
+    x0 = m.embed_targets(prev, pos, src)
+    src2 = src.clone()
+    cell = (2 * 8 + 5) * 3 + 1  # input row 2, col 5, green
+    src2[0, cell] = (src[0, cell] + 100) % 256
+    changed = (m.embed_targets(prev, pos, src2) != x0).any(-1)[0].nonzero().flatten()
+    r, c, ch = changed // 96, (changed // 3) % 32, changed % 3
+    assert len(changed) == 16 and (r // 4 == 2).all() and (c // 4 == 5).all() and (ch == 1).all()
