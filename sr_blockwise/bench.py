@@ -30,8 +30,8 @@ def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: in
         for i in range(reps + 5):
             t0 = time.perf_counter()
             h = model.step(cache, toks, p)
-            model.logits(h).argmax(-1)
-            model.head_logits(h[:, 0], min(n_tokens, model.cfg.n_blockwise))  # next block's proposals
+            model.logits(h, src, p[:, None] + torch.arange(n_tokens)).argmax(-1)
+            model.head_logits(h[:, 0], min(n_tokens, model.cfg.n_blockwise), src, p)  # next block's proposals
             if i >= 5:
                 times.append(time.perf_counter() - t0)
     return statistics.median(times)

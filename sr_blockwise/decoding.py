@@ -136,7 +136,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
 
     h = model.step(cache, torch.full((B, 1), -1, dtype=torch.long, device=dev),
                    torch.zeros(B, dtype=torch.long, device=dev))[:, 0]
-    props = _propose(model, h, k, opts, gen, t, torch.arange(B, device=dev), proposer)
+    props = _propose(model, h, k, opts, gen, t, torch.arange(B, device=dev), src, proposer)
     rows = torch.arange(B, device=dev)
     n_calls = 1
     ar = torch.arange(k, device=dev)
@@ -159,7 +159,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         n_calls += 1
         calls[rows.cpu()] += 1
         if k > 1:
-            n = accepted_length(props, model.logits(h), opts)
+            n = accepted_length(props, model.logits(h, src[rows], (tr + 1)[:, None] + ar), opts)
         else:
             n = torch.ones(len(rows), dtype=torch.long, device=dev)
         n = torch.minimum(n, remaining)
@@ -178,7 +178,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         live = ~done
         rows, h_next = rows[live], h_next[live]
         if len(rows):
-            props = _propose(model, h_next, k, opts, gen, t[rows], rows, proposer)
+            props = _propose(model, h_next, k, opts, gen, t[rows], rows, src, proposer)
         if progress is not None and n_calls % progress_every == 0:
             progress(out[:, :SEQ_LEN].cpu().numpy(), t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
 
@@ -191,16 +191,17 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
                         seconds, n_calls)
 
 
-def _propose(model, h, k, opts, gen, t, rows, proposer=None):
-    """k proposals from the decoder state h (b, d) at confirmed position t. The first is always
+def _propose(model, h, k, opts, gen, t, rows, src, proposer=None):
+    """k proposals from the decoder state h (b, d) that predicts position t (b,) of images `rows`
+    of the batch's input src. The first is always
     p1's own choice (so it needs no verification); the others come from the heads, or from
     `proposer(t, rows, k)` -> (b, k-1) tokens when one is given (e.g. a draft model)."""
     if opts.temperature > 0:
-        logits = model.logits(h).float() / opts.temperature
+        logits = model.logits(h, src[rows], t).float() / opts.temperature
         return (logits + gen[rows, t]).argmax(-1, keepdim=True)
     if proposer is None:
-        return model.head_logits(h, k).argmax(-1)
-    first = model.logits(h).argmax(-1, keepdim=True)
+        return model.head_logits(h, k, src[rows], t).argmax(-1)
+    first = model.logits(h, src[rows], t).argmax(-1, keepdim=True)
     return torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first
 
 
@@ -234,7 +235,7 @@ def greedy_uncached(model: ImageTransformerSR, lr, max_tokens: int = SEQ_LEN) ->
     for i in range(max_tokens):
         T = (i // L + 1) * L  # the prefix, rounded up to whole attention blocks
         h = model(src, tgt[:, :T])
-        tgt[:, i] = model.logits(h[:, i]).argmax(-1)
+        tgt[:, i] = model.logits(h[:, i], src, torch.full((B,), i, device=dev)).argmax(-1)
     return tgt[:, :max_tokens].cpu().numpy(), time.perf_counter() - t0
 
 

@@ -264,7 +264,7 @@ def time_uncached_greedy(model, lr: np.ndarray, greedy_images: np.ndarray, prefi
             _sync(device)
             t0 = time.perf_counter()
             h = model(src, tgt[:, :T])
-            model.logits(h[:, T - 1]).argmax(-1)
+            model.logits(h[:, T - 1], src, torch.full((len(src),), T - 1, device=src.device)).argmax(-1)
             _sync(device)
             times[T].append(time.perf_counter() - t0)
     step = {T: float(np.median(v)) for T, v in times.items()}

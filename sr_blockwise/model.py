@@ -18,7 +18,12 @@ Deviations from the paper, each for a reason written next to it:
   intensity that covers the predicted position. The paper's model finds it through
   cross-attention alone, which takes far more training than 2 CPU cores give: after 2 hours our
   model without it still ignored most of the input. Zero-initialized, so a model trained without
-  it warm-starts unchanged.
+  it warm-starts unchanged;
+- lr_prior=True (the cpu preset) adds to every head's logits a learned log-prior over the offset
+  of the predicted intensity from the input cell's intensity. Without it our 2-hour model's
+  greedy decode ignored the input and collapsed to flat dark images; with it the output can
+  never drift far from the input's colours. Zero in a fresh model (so old weights warm-start
+  unchanged); training sets it from the data's offset histogram before the first step.
 """
 from __future__ import annotations
 
@@ -51,6 +56,9 @@ class ModelConfig:
     # add to each decoder input an embedding of the 8x8 input's intensity under the position being
     # predicted (its 4x4 cell, same channel); see the module docstring
     lr_skip: bool = False
+    # add to every output's logits a learned prior over (intensity - the input cell's intensity),
+    # per channel: 3 x 511 numbers, initialized from the training data (train.init_lr_prior)
+    lr_prior: bool = False
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -82,10 +90,11 @@ class ModelConfig:
 PRESETS = {
     # a few seconds to build; for tests
     "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_enc_layers=1, n_dec_layers=2,
-                        block_len=64, n_blockwise=10, head_ff=16, lr_skip=True),
+                        block_len=64, n_blockwise=10, head_ff=16, lr_skip=True,
+                        lr_prior=True),
     # the shipped model: 3.2M parameters, ~4 training images/s on 2 Zen 5 cores in bf16, about
     # one epoch of the training split per 2 hours; greedy decode ~1 ms per token
-    "cpu": ModelConfig(lr_skip=True),
+    "cpu": ModelConfig(lr_skip=True, lr_prior=True),
     # img2img_transformer_b3 from PAPER.md, for GPU users
     "paper": ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_enc_layers=4, n_dec_layers=8,
                          block_len=128, n_blockwise=10, head_ff=2048, head1="layer", dropout=0.1),
@@ -270,6 +279,8 @@ class ImageTransformerSR(nn.Module):
         self.lm_head = nn.Linear(d, VOCAB, bias=False)
         self.heads = BlockwiseHeads(cfg) if cfg.n_groups > 0 else None
         self.lr_emb = nn.Embedding(VOCAB * CHANNELS, d) if cfg.lr_skip else None
+        # lr_prior[ch, o + 255]: log-prior of intensity = input cell intensity + o
+        self.lr_prior = nn.Parameter(torch.zeros(CHANNELS, 2 * VOCAB - 1)) if cfg.lr_prior else None
         self.apply(self._init)
         if self.lr_emb is not None:
             nn.init.zeros_(self.lr_emb.weight)  # starts as the plain model (warm starts keep it)
@@ -321,21 +332,52 @@ class ImageTransformerSR(nn.Module):
         # call and a verify call. In float64 those differences are ~1e-16 and flip nothing.
         return self.lm_head(z.to(self.lm_head.weight.dtype))
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """p1's logits from the final decoder state h (..., d)."""
-        if self.cfg.head1 == "base":
-            return self.out_proj(h)
-        return self.out_proj(self.heads(h, 1)[..., 0, :])
+    def prior(self, src: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
+        """lr_prior's logits (B, ..., 256) for the target positions pos (B, ...) (clamped to the
+        image) given the 8x8 input src (B, 192); None without lr_prior."""
+        if self.lr_prior is None:
+            return None
+        pos = pos.clamp(max=SEQ_LEN - 1)
+        flat = pos.reshape(pos.shape[0], -1)
+        cell = torch.gather(src, 1, self.tgt_src[flat]).view_as(pos)
+        idx = torch.arange(VOCAB, device=pos.device) - cell.unsqueeze(-1) + (VOCAB - 1)
+        return self.lr_prior.flatten()[idx + (2 * VOCAB - 1) * self.tgt_ch[pos].unsqueeze(-1)]
 
-    def head_logits(self, h: torch.Tensor, k: int) -> torch.Tensor:
-        """All k heads' logits from the decoder state h (..., d) -> (..., k, 256).
-        Head j predicts the token j-1 positions after the one p1 predicts."""
+    def _with_prior(self, logits, src, pos):
+        if self.lr_prior is None:
+            return logits
+        if src is None or pos is None:
+            raise ValueError("this model has lr_prior: logits need src and the positions")
+        return logits + self.prior(src, pos).to(logits.dtype)
+
+    def logits(self, h: torch.Tensor, src: torch.Tensor | None = None,
+               pos: torch.Tensor | None = None) -> torch.Tensor:
+        """p1's logits from the final decoder states h (B, ..., d) at target positions pos
+        (B, ...); h (B, T, d) from the full forward needs no pos (positions 0..T-1). src: the
+        (B, 192) input, for lr_prior."""
+        if pos is None and h.dim() == 3:
+            pos = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
         if self.cfg.head1 == "base":
-            base = self.out_proj(h).unsqueeze(-2)
-            if k == 1:
-                return base
-            return torch.cat([base, self.out_proj(self.heads(h, k - 1))], dim=-2)
-        return self.out_proj(self.heads(h, k))
+            z = self.out_proj(h)
+        else:
+            z = self.out_proj(self.heads(h, 1)[..., 0, :])
+        return self._with_prior(z, src, pos)
+
+    def head_logits(self, h: torch.Tensor, k: int, src: torch.Tensor | None = None,
+                    pos: torch.Tensor | None = None) -> torch.Tensor:
+        """All k heads' logits from the decoder states h (B, ..., d) -> (B, ..., k, 256).
+        pos (B, ...): the positions p1 predicts; head j predicts the token j-1 after it."""
+        if self.cfg.head1 == "base":
+            z = self.out_proj(h).unsqueeze(-2)
+            if k > 1:
+                z = torch.cat([z, self.out_proj(self.heads(h, k - 1))], dim=-2)
+        else:
+            z = self.out_proj(self.heads(h, k))
+        if pos is None and h.dim() == 3:
+            pos = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
+        if pos is not None:
+            pos = pos.unsqueeze(-1) + torch.arange(k, device=h.device)
+        return self._with_prior(z, src, pos)
 
     # --- full (teacher-forced) forward, used for training and for checking the cache
 
@@ -355,8 +397,11 @@ class ImageTransformerSR(nn.Module):
 
     def for_inference(self, dtype: torch.dtype = torch.bfloat16) -> "ImageTransformerSR":
         """Cast for decoding: everything in `dtype` except the output projection (float64)."""
+        prior = None if self.lr_prior is None else self.lr_prior.detach().double()
         self.eval().to(dtype)
         self.lm_head.double()
+        if prior is not None:  # added to the float64 logits: keep it in float64 too
+            self.lr_prior.data = prior
         if self.heads is not None:  # the masked head matrix, once, not at every call
             with torch.no_grad():
                 self.heads.down.weight.mul_(self.heads.tri_mask.to(dtype))

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .data import downsample_8, load_faces, to_tokens
-from .model import SEQ_LEN, ImageTransformerSR, ModelConfig, preset
+from .model import SEQ_LEN, VOCAB, ImageTransformerSR, ModelConfig, preset
 
 CACHE_DIR = Path(os.environ.get("SR_BLOCKWISE_CACHE", Path.home() / ".cache" / "sr-blockwise"))
 
@@ -91,7 +91,7 @@ class TrainingLoss(nn.Module):
                 h = m(src, tgt)
         else:
             h = m(src, tgt)
-        base_loss = F.cross_entropy(m.logits(h).float().flatten(0, 1), tgt.flatten())
+        base_loss = F.cross_entropy(m.logits(h, src).float().flatten(0, 1), tgt.flatten())
         G = m.cfg.n_groups
         if G == 0 or m.heads is None:
             return base_loss, torch.zeros((), device=h.device), None
@@ -111,6 +111,10 @@ class TrainingLoss(nn.Module):
         # projection without training it
         W = m.lm_head.weight.detach() if cfg.stage == "base" else m.lm_head.weight
         logits = F.linear(z, W).float()  # (B, P, g, 256)
+        if m.lr_prior is not None:  # the same prior p1 uses, at each head's own position
+            tpos = pos[None, :, None] + torch.tensor(groups, device=h.device) + off0
+            prior = m.prior(src, tpos.expand(len(src), -1, -1))
+            logits = logits + (prior.detach() if cfg.stage == "base" else prior)
         per_head = []
         for j, gi in enumerate(groups):
             tpos = pos + gi + off0
@@ -135,7 +139,7 @@ def bits_per_dim(model: ImageTransformerSR, images32: np.ndarray, batch_size: in
         tgt = torch.from_numpy(to_tokens(x)).to(device)
         with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
             h = m(src, tgt)
-        total += F.cross_entropy(m.logits(h).float().flatten(0, 1), tgt.flatten(), reduction="sum").item()
+        total += F.cross_entropy(m.logits(h, src).float().flatten(0, 1), tgt.flatten(), reduction="sum").item()
         count += tgt.numel()
     m.train(was_training)
     return total / count / math.log(2)
@@ -165,14 +169,32 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
             if getattr(model.cfg, f) != getattr(want, f):
                 raise ValueError(f"--init-from {cfg.init_from}: its {f}={getattr(model.cfg, f)} does not "
                                  f"match preset {cfg.preset!r} ({getattr(want, f)})")
-        if want.lr_skip and not model.cfg.lr_skip:  # grow it: the new embedding starts at zero
-            grown = ImageTransformerSR(replace(model.cfg, lr_skip=True))
+        # grow a model that lacks the preset's input skip or prior: new parts start at zero
+        grow = {f: True for f in ("lr_skip", "lr_prior") if getattr(want, f) and not getattr(model.cfg, f)}
+        if grow:
+            grown = ImageTransformerSR(replace(model.cfg, **grow))
             missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
-            assert missing == ["lr_emb.weight"] and not unexpected, (missing, unexpected)
+            assert set(missing) <= {"lr_emb.weight", "lr_prior"} and not unexpected, (missing, unexpected)
             model = grown
         return model
     torch.manual_seed(cfg.seed)  # the same run config gives the same initial weights
     return ImageTransformerSR(preset(cfg.preset))
+
+
+@torch.no_grad()
+def init_lr_prior(model: ImageTransformerSR, images32: np.ndarray, scale: float = 1.0,
+                  max_images: int = 4096) -> None:
+    """Set lr_prior to `scale` x the log of the training data's histogram of (intensity - its
+    input cell's intensity), per channel (add-one smoothed). A fresh prior is zero and would take
+    thousands of Adam steps to grow to log-probability size; this starts it where it belongs."""
+    if model.lr_prior is None:
+        return
+    x = images32[:max_images].astype(np.int64)
+    cell = np.repeat(np.repeat(downsample_8(images32[:max_images]).astype(np.int64), 4, 1), 4, 2)
+    off = (x - cell + VOCAB - 1).reshape(-1, 3)
+    counts = np.stack([np.bincount(off[:, c], minlength=2 * VOCAB - 1) for c in range(3)]) + 1.0
+    logp = np.log(counts / counts.sum(1, keepdims=True))
+    model.lr_prior.copy_(torch.from_numpy(scale * logp))
 
 
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
@@ -206,6 +228,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     val_imgs = val_set.images[: cfg.eval_images]  # no val part (e.g. a photo folder): no eval
 
     model = init_model(cfg)
+    if not resume and model.lr_prior is not None and not model.lr_prior.any():
+        init_lr_prior(model, train_imgs)
     model.train()
     model.to(cfg.device)
     if cfg.stage == "heads":

@@ -17,6 +17,8 @@ def make_tiny(seed: int = 0, **overrides) -> ImageTransformerSR:
     m = ImageTransformerSR(preset("tiny", **overrides)).eval()
     if m.lr_emb is not None:  # zero at init; random here so that tests exercise the skip path
         torch.nn.init.normal_(m.lr_emb.weight, std=0.1)
+    if m.lr_prior is not None:  # likewise the prior
+        torch.nn.init.normal_(m.lr_prior, std=1.0)
     return m
 
 

@@ -74,7 +74,8 @@ def test_eps_zero_is_exact_and_eps_bounds_every_token(setup64):
     # teacher-force the output: every token is within eps of p1's argmax given its own prefix
     with torch.no_grad():
         out = torch.from_numpy(to_tokens(r.images))
-        best = m.logits(m(torch.from_numpy(to_tokens(lr)), out)).argmax(-1)
+        src = torch.from_numpy(to_tokens(lr))
+        best = m.logits(m(src, out), src).argmax(-1)
     assert (out - best).abs().max() <= 3
     assert (out != best).any()  # the rule did accept non-greedy tokens
 

@@ -83,15 +83,21 @@ def test_step_on_a_subset_of_rows_matches_all_rows():
 def test_nested_heads_give_the_same_first_k_heads():
     m = make_tiny(4).double()
     h = torch.randn(5, m.cfg.d_model, dtype=torch.float64)
+    src, pos = torch.randint(0, 256, (5, 192)), torch.tensor([0, 7, 100, 3066, 3071])
     with torch.no_grad():
-        all_k = m.head_logits(h, m.cfg.n_blockwise)
+        all_k = m.head_logits(h, m.cfg.n_blockwise, src, pos)
         for k in (1, 2, 4, 6):
-            torch.testing.assert_close(m.head_logits(h, k), all_k[:, :k], rtol=0, atol=1e-12)
-        torch.testing.assert_close(all_k[:, 0], m.logits(h))
+            torch.testing.assert_close(m.head_logits(h, k, src, pos), all_k[:, :k], rtol=0, atol=1e-12)
+        torch.testing.assert_close(all_k[:, 0], m.logits(h, src, pos))
+        # head j carries the prior of the position it predicts (p1's position + j - 1)
+        no_prior = make_tiny(4, lr_prior=False).double().head_logits(h, 3)
+        torch.testing.assert_close(all_k[:, 2] - no_prior[:, 2], m.prior(src, (pos + 2).clamp(max=SEQ_LEN - 1)))
+        with pytest.raises(ValueError, match="lr_prior"):
+            m.logits(h)
 
 
 def test_paper_head1_layer_option_routes_p1_through_heads():
-    m = make_tiny(5, head1="layer").double()
+    m = make_tiny(5, head1="layer", lr_prior=False).double()
     h = torch.randn(3, m.cfg.d_model, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(m.head_logits(h, 3)[:, 0], m.logits(h))
@@ -125,3 +131,18 @@ def test_lr_skip_reads_the_input_cell_under_each_position():
     changed = (m.embed_targets(prev, pos, src2) != x0).any(-1)[0].nonzero().flatten()
     r, c, ch = changed // 96, (changed // 3) % 32, changed % 3
     assert len(changed) == 16 and (r // 4 == 2).all() and (c // 4 == 5).all() and (ch == 1).all()
+
+
+def test_lr_prior_scores_the_offset_from_the_input_cell():
+    m = make_tiny(8)
+    src = torch.randint(0, 256, (2, 192))
+    pos = torch.tensor([[0, 1, 2, 100], [3000, 3001, 3002, 3071]])
+    p = m.prior(src, pos)
+    assert p.shape == (2, 4, 256)
+    for b in range(2):
+        for j in range(4):
+            t = int(pos[b, j])
+            r, c, ch = t // 96, (t // 3) % 32, t % 3
+            cell = int(src[b, (r // 4) * 24 + (c // 4) * 3 + ch])
+            want = m.lr_prior[ch, torch.arange(256) - cell + 255]
+            torch.testing.assert_close(p[b, j], want, rtol=0, atol=0)
