@@ -136,3 +136,18 @@ def test_init_from_a_model_without_lr_skip_grows_it_unchanged(small_data, tmp_pa
     tgt = torch.randint(0, 256, (2, SEQ_LEN))
     with torch.no_grad():
         torch.testing.assert_close(grown(src, tgt), old(src, tgt), rtol=0, atol=1e-5)
+
+
+def test_lr_prior_starts_from_the_datas_offset_histogram(small_data, tmp_path, monkeypatch):
+    """A fresh run sets lr_prior to the log-histogram of (intensity - input cell intensity): on
+    faces that are flat colours plus noise in -3..3 nearly all its mass lies within 3 levels."""
+    monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
+    from sr_blockwise.train import init_lr_prior, init_model
+    model = init_model(cfg(small_data, "p"))
+    assert not model.lr_prior.any()  # zero in the model itself (old weights warm-start unchanged)
+    init_lr_prior(model, np.load(small_data)["images"])
+    p = model.lr_prior.exp()
+    torch.testing.assert_close(p.sum(1), torch.ones(3))  # a distribution per channel
+    assert (p[:, 255 - 3 : 255 + 4].sum(1) > 0.95).all()
+    train(cfg(small_data, "p", max_steps=1), progress=False)  # train() does the same itself
+    assert load_checkpoint(tmp_path / "cache/p/last.pt")["model"]["lr_prior"].exp().sum(1).min() > 0.9
