@@ -22,8 +22,9 @@ Deviations from the paper, each for a reason written next to it:
 - lr_prior=True (the cpu preset) adds to every head's logits a learned log-prior over the offset
   of the predicted intensity from the input cell's intensity. Without it our 2-hour model's
   greedy decode ignored the input and collapsed to flat dark images; with it the output can
-  never drift far from the input's colours. Zero in a fresh model (so old weights warm-start
-  unchanged); training sets it from the data's offset histogram before the first step.
+  never drift far from the input's colours. Zero in a fresh model, so old weights load and
+  compute unchanged; `train` then sets a zero prior from the data's offset histogram before the
+  first step (not in the frozen-base heads stage), which does change p1 from step 0.
 """
 from __future__ import annotations
 
@@ -348,15 +349,25 @@ class ImageTransformerSR(nn.Module):
             return logits
         if src is None or pos is None:
             raise ValueError("this model has lr_prior: logits need src and the positions")
-        return logits + self.prior(src, pos).to(logits.dtype)
+        # in the wider of the two dtypes: under bf16 autocast the logits are bf16, and rounding a
+        # log-prior of -15 to bf16 moves it by up to 0.06
+        dtype = torch.promote_types(logits.dtype, self.lr_prior.dtype)
+        return logits.to(dtype) + self.prior(src, pos).to(dtype)
+
+    @staticmethod
+    def _full_positions(h):
+        """Positions 0..3071 for the states of a whole image's full forward; otherwise the
+        caller must say which positions its states predict."""
+        if h.dim() == 3 and h.shape[1] == SEQ_LEN:
+            return torch.arange(SEQ_LEN, device=h.device).expand(h.shape[0], -1)
+        return None
 
     def logits(self, h: torch.Tensor, src: torch.Tensor | None = None,
                pos: torch.Tensor | None = None) -> torch.Tensor:
         """p1's logits from the final decoder states h (B, ..., d) at target positions pos
-        (B, ...); h (B, T, d) from the full forward needs no pos (positions 0..T-1). src: the
+        (B, ...); h (B, 3072, d) from a whole image's full forward needs no pos. src: the
         (B, 192) input, for lr_prior."""
-        if pos is None and h.dim() == 3:
-            pos = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
+        pos = self._full_positions(h) if pos is None else pos
         if self.cfg.head1 == "base":
             z = self.out_proj(h)
         else:
@@ -373,8 +384,7 @@ class ImageTransformerSR(nn.Module):
                 z = torch.cat([z, self.out_proj(self.heads(h, k - 1))], dim=-2)
         else:
             z = self.out_proj(self.heads(h, k))
-        if pos is None and h.dim() == 3:
-            pos = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
+        pos = self._full_positions(h) if pos is None else pos
         if pos is not None:
             pos = pos.unsqueeze(-1) + torch.arange(k, device=h.device)
         return self._with_prior(z, src, pos)

@@ -182,15 +182,19 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
 
 
 @torch.no_grad()
-def init_lr_prior(model: ImageTransformerSR, images32: np.ndarray, scale: float = 1.0,
-                  max_images: int = 4096) -> None:
+def init_lr_prior(model: ImageTransformerSR, images32: np.ndarray, lr8: np.ndarray | None = None,
+                  scale: float = 1.0, max_images: int = 4096) -> None:
     """Set lr_prior to `scale` x the log of the training data's histogram of (intensity - its
     input cell's intensity), per channel (add-one smoothed). A fresh prior is zero and would take
-    thousands of Adam steps to grow to log-probability size; this starts it where it belongs."""
+    thousands of Adam steps to grow to log-probability size; this starts it where it belongs.
+    lr8: the 8x8 inputs paired with images32 (default: their box average; distillation pairs
+    model outputs with the real inputs). scale 1 measured best for greedy decoding (PSNR 16.9 dB
+    vs 10.0 at 0.3, 8 faces, on a model grown from one trained without the prior)."""
     if model.lr_prior is None:
         return
     x = images32[:max_images].astype(np.int64)
-    cell = np.repeat(np.repeat(downsample_8(images32[:max_images]).astype(np.int64), 4, 1), 4, 2)
+    lr8 = downsample_8(images32[:max_images]) if lr8 is None else lr8[:max_images]
+    cell = np.repeat(np.repeat(lr8.astype(np.int64), 4, 1), 4, 2)
     off = (x - cell + VOCAB - 1).reshape(-1, 3)
     counts = np.stack([np.bincount(off[:, c], minlength=2 * VOCAB - 1) for c in range(3)]) + 1.0
     logp = np.log(counts / counts.sum(1, keepdims=True))
@@ -228,14 +232,17 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     val_imgs = val_set.images[: cfg.eval_images]  # no val part (e.g. a photo folder): no eval
 
     model = init_model(cfg)
-    if not resume and model.lr_prior is not None and not model.lr_prior.any():
-        init_lr_prior(model, train_imgs)
+    # a fresh (or grown) prior starts from the data; never in the heads stage, whose base is frozen
+    if not resume and cfg.stage != "heads" and model.lr_prior is not None and not model.lr_prior.any():
+        init_lr_prior(model, train_imgs, train_lr)
     model.train()
     model.to(cfg.device)
     if cfg.stage == "heads":
         for name, p in model.named_parameters():
             p.requires_grad = name.startswith("heads.")
     params = [p for p in model.parameters() if p.requires_grad]
+    head_params = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith("heads.")]
+    base_params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("heads.")]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=cfg.weight_decay)
     step, best = 0, float("inf")
     if resume:
@@ -291,7 +298,10 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             loss = w_base * base_loss + cfg.head_weight * head_loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            # clipped apart, so that a large head gradient cannot shrink the base's step
+            for group in (base_params, head_params):
+                if group:
+                    torch.nn.utils.clip_grad_norm_(group, 1.0)
             opt.step()
             step += 1
             steps_this_run += 1
