@@ -93,8 +93,9 @@ PRESETS = {
     "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_enc_layers=1, n_dec_layers=2,
                         block_len=64, n_blockwise=10, head_ff=16, lr_skip=True,
                         lr_prior=True),
-    # the shipped model: 3.2M parameters, ~4 training images/s on 2 Zen 5 cores in bf16, about
-    # one epoch of the training split per 2 hours; greedy decode ~1 ms per token
+    # the shipped model: 3.3M parameters, ~4 training images/s on 2 Zen 5 cores in bf16, about
+    # one epoch of the training split per 2 hours; a 1-token decoding call ~2.3 ms at batch 1
+    # (bench-decode), so greedy decoding ~7 s per image alone, less per image in a batch
     "cpu": ModelConfig(lr_skip=True, lr_prior=True),
     # img2img_transformer_b3 from PAPER.md, for GPU users
     "paper": ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_enc_layers=4, n_dec_layers=8,
