@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,7 +47,8 @@ def model(tiny_weights):
 
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
-    demo = build_app(model, "tiny-random", builtin_examples(), [], progress_every=16,
+    name = Path(os.environ["SR_BLOCKWISE_DEMO_WEIGHTS"]).stem if "SR_BLOCKWISE_DEMO_WEIGHTS" in os.environ else "tiny-random"
+    demo = build_app(model, name, builtin_examples(), [], progress_every=16,
                      example_dir=str(tmp_path_factory.mktemp("examples")))
     port = free_port()
     launch(demo, port=port, prevent_thread_lock=True, quiet=True)
