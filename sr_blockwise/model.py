@@ -324,7 +324,7 @@ class ImageTransformerSR(nn.Module):
         x = self.tgt_emb(idx) + self.row_emb(self.tgt_r[pos]) + self.col_emb(self.tgt_c[pos]) \
             + self.ch_emb(self.tgt_ch[pos])
         if self.lr_emb is not None:
-            x = x + self.lr_emb(torch.gather(src, 1, self.tgt_src[pos]) + VOCAB * self.tgt_ch[pos])
+            x = x + self.lr_emb(self.cell_intensity(src, pos) + VOCAB * self.tgt_ch[pos])
         return x
 
     def out_proj(self, z: torch.Tensor) -> torch.Tensor:
@@ -334,14 +334,19 @@ class ImageTransformerSR(nn.Module):
         # call and a verify call. In float64 those differences are ~1e-16 and flip nothing.
         return self.lm_head(z.to(self.lm_head.weight.dtype))
 
+    def cell_intensity(self, src: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The 8x8 input's intensity (same channel) in the 4x4 cell covering each target position:
+        src (B, 192), pos (B, ...) -> (B, ...)."""
+        flat = pos.reshape(pos.shape[0], -1)
+        return torch.gather(src, 1, self.tgt_src[flat]).view_as(pos)
+
     def prior(self, src: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
         """lr_prior's logits (B, ..., 256) for the target positions pos (B, ...) (clamped to the
         image) given the 8x8 input src (B, 192); None without lr_prior."""
         if self.lr_prior is None:
             return None
         pos = pos.clamp(max=SEQ_LEN - 1)
-        flat = pos.reshape(pos.shape[0], -1)
-        cell = torch.gather(src, 1, self.tgt_src[flat]).view_as(pos)
+        cell = self.cell_intensity(src, pos)
         idx = torch.arange(VOCAB, device=pos.device) - cell.unsqueeze(-1) + (VOCAB - 1)
         return self.lr_prior.flatten()[idx + (2 * VOCAB - 1) * self.tgt_ch[pos].unsqueeze(-1)]
 
@@ -368,12 +373,7 @@ class ImageTransformerSR(nn.Module):
         """p1's logits from the final decoder states h (B, ..., d) at target positions pos
         (B, ...); h (B, 3072, d) from a whole image's full forward needs no pos. src: the
         (B, 192) input, for lr_prior."""
-        pos = self._full_positions(h) if pos is None else pos
-        if self.cfg.head1 == "base":
-            z = self.out_proj(h)
-        else:
-            z = self.out_proj(self.heads(h, 1)[..., 0, :])
-        return self._with_prior(z, src, pos)
+        return self.head_logits(h, 1, src, pos)[..., 0, :]
 
     def head_logits(self, h: torch.Tensor, k: int, src: torch.Tensor | None = None,
                     pos: torch.Tensor | None = None) -> torch.Tensor:

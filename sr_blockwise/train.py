@@ -111,15 +111,14 @@ class TrainingLoss(nn.Module):
         # projection without training it
         W = m.lm_head.weight.detach() if cfg.stage == "base" else m.lm_head.weight
         logits = F.linear(z, W).float()  # (B, P, g, 256)
+        tpos = pos[:, None] + torch.tensor(groups, device=h.device) + off0  # (P, g) predicted positions
         if m.lr_prior is not None:  # the same prior p1 uses, at each head's own position
-            tpos = pos[None, :, None] + torch.tensor(groups, device=h.device) + off0
             prior = m.prior(src, tpos.expand(len(src), -1, -1))
             logits = logits + (prior.detach() if cfg.stage == "base" else prior)
         per_head = []
-        for j, gi in enumerate(groups):
-            tpos = pos + gi + off0
-            valid = tpos < SEQ_LEN
-            target = tgt[:, tpos.clamp(max=SEQ_LEN - 1)]
+        for j in range(len(groups)):
+            valid = tpos[:, j] < SEQ_LEN
+            target = tgt[:, tpos[:, j].clamp(max=SEQ_LEN - 1)]
             per_head.append(F.cross_entropy(logits[:, :, j][:, valid].flatten(0, 1), target[:, valid].flatten()))
         head_loss = torch.stack(per_head).sum() if cfg.head_loss == "sum" else per_head[0] * G
         return base_loss, head_loss, [float(x.detach()) for x in per_head]
@@ -192,11 +191,12 @@ def init_lr_prior(model: ImageTransformerSR, images32: np.ndarray, lr8: np.ndarr
     vs 10.0 at 0.3, 8 faces, on a model grown from one trained without the prior)."""
     if model.lr_prior is None:
         return
-    x = images32[:max_images].astype(np.int64)
     lr8 = downsample_8(images32[:max_images]) if lr8 is None else lr8[:max_images]
-    cell = np.repeat(np.repeat(lr8.astype(np.int64), 4, 1), 4, 2)
-    off = (x - cell + VOCAB - 1).reshape(-1, 3)
-    counts = np.stack([np.bincount(off[:, c], minlength=2 * VOCAB - 1) for c in range(3)]) + 1.0
+    tgt = torch.from_numpy(to_tokens(images32[:max_images]))
+    pos = torch.arange(SEQ_LEN).expand(len(tgt), -1)
+    off = tgt - model.cell_intensity(torch.from_numpy(to_tokens(lr8)), pos) + VOCAB - 1
+    counts = np.stack([np.bincount(off[:, model.tgt_ch == c].flatten().numpy(), minlength=2 * VOCAB - 1)
+                       for c in range(3)]) + 1.0
     logp = np.log(counts / counts.sum(1, keepdims=True))
     model.lr_prior.copy_(torch.from_numpy(scale * logp))
 
