@@ -127,6 +127,18 @@ def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_len: int) -> torc
 
 # ---------------------------------------------------------------- layers
 
+def attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Unmasked softmax attention in float64, for decoding's cross-attention: q (B, H, n, hd),
+    k/v (B, H, S, hd) -> (B, H, n, hd) float64.
+    Why float64: a bf16 SDPA call rounds a query's result differently depending on how many
+    queries share the call (measured: 1 query vs n), which moves a decoder state by 1 bf16 ulp
+    now and then and flips near-tied argmaxes between a greedy call and a k-token verify call.
+    In float64 the products of bf16 values are exact and the sums' call-dependent rounding
+    (~1e-16 relative) does not change the bf16 value the result is rounded back to."""
+    s = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(s, dim=-1) @ v.double()
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, cross: bool = False):
         super().__init__()
@@ -429,10 +441,12 @@ class ImageTransformerSR(nn.Module):
         of the cache these are (default all). K/V are written at their positions; each query reads
         only its local window. Returns the final decoder states (B, n, d).
 
-        Each query reads its own window: the 2 blocks that start at its own block's previous block,
-        whatever call it is in. So a query computes exactly the same attention whether it comes
-        alone (greedy) or inside a k-token verify call that straddles a block boundary, and in any
-        batch: this is what keeps exact mode exact in bf16."""
+        A query's state is bit for bit the same whether it comes alone (greedy) or inside a k-token
+        verify call, in any batch: this is what keeps exact mode exact in bf16 (tested in
+        tests/test_model.py). So each query's self-attention is its own SDPA problem over its own
+        window (the 2 blocks that start at its block's previous block), and the cross-attention,
+        where all n queries share the keys, runs in float64 (`attention64`).
+        """
         B, n = tokens.shape
         if n > cache.max_extra:
             raise ValueError(f"step got {n} tokens per image; the cache allows {cache.max_extra}")
@@ -457,6 +471,7 @@ class ImageTransformerSR(nn.Module):
             cache.k[i][bidx, qpos] = k
             cache.v[i][bidx, qpos] = v
             kw, vw = cache.k[i][bidx[..., None], kpos], cache.v[i][bidx[..., None], kpos]
+            # one SDPA problem per query: the same kernel call whatever call the query is in
             o = F.scaled_dot_product_attention(q.reshape(B * n, 1, H, hd).transpose(1, 2),
                                                per_query(kw), per_query(vw), attn_mask=mask)
             x = x + a.out(o.transpose(1, 2).reshape(B, n, H * hd))
@@ -464,7 +479,7 @@ class ImageTransformerSR(nn.Module):
             ek, ev = cache.enc_k[i], cache.enc_v[i]
             if rows is not None:
                 ek, ev = ek[rows], ev[rows]
-            x = x + c.out(c.attend(c.q(layer.ln2(x)), ek, ev))
+            x = x + c.out(c.merge(attention64(c.split(c.q(layer.ln2(x))), ek, ev)).to(x.dtype))
             x = x + layer.ff(layer.ln3(x))
         return self.dec_ln(x)
 
@@ -488,6 +503,8 @@ class KVCache:
                   for _ in model.decoder]
         self.v = [torch.zeros_like(t) for t in self.k]
         enc = model.encode(src)
+        # split into heads and in float64 once, for step's attention64: (B, H, 192, hd)
+        split = model.decoder[0].cross_attn.split
         kv = model.cross_kv(enc)
-        self.enc_k = [k for k, _ in kv]
-        self.enc_v = [v for _, v in kv]
+        self.enc_k = [split(k).double() for k, _ in kv]
+        self.enc_v = [split(v).double() for _, v in kv]
