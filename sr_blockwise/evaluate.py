@@ -139,6 +139,12 @@ def weights_spec(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
+def weights_name(path: Path) -> str:
+    """What a weights file is called in the report: shipped weights by their name, a training
+    checkpoint by its run folder too (every run's checkpoint is called last.pt)."""
+    return f"{path.parent.name}/{path.stem}" if path.suffix == ".pt" else path.stem
+
+
 def infer_variant(name: str, meta: dict) -> str | None:
     """Which column of Table 2 weights belong to: from the name, else the card's training stage."""
     n = name.lower().replace("_", "-")
@@ -350,6 +356,9 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     if not specs:
         raise ValueError("no weights to evaluate")
     paths = [resolve(w) for w, _ in specs]  # fail early, before any decoding, on a bad name
+    names = [weights_name(p) for p in paths]
+    if len(set(names)) < len(names):  # rows are keyed by name: two would mix
+        raise ValueError(f"two weights go by the same name in {names}: give each once")
 
     # the held-out test split (a folder of photos without split labels: everything)
     data_path = Path(cfg.data) if cfg.data else DEFAULT_DATA / "celeba32.npz"
@@ -407,9 +416,9 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         for k in ks:
             for m in blockwise:
                 if k > K:
-                    skipped.append(f"{path.stem}: k={k} {m.name}: the weights have {K} heads")
+                    skipped.append(f"{weights_name(path)}: k={k} {m.name}: the weights have {K} heads")
                 elif m.min_block > k:
-                    skipped.append(f"{path.stem}: k={k} {m.name}: min-block larger than k")
+                    skipped.append(f"{weights_name(path)}: k={k} {m.name}: min-block larger than k")
                 else:
                     jobs.append((k, m))
         plan.append((path, forced, card, jobs))
@@ -417,7 +426,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     bar = tqdm(total=total, unit="img", disable=not cfg.progress, dynamic_ncols=True)
 
     for path, forced, card, jobs in plan:
-        name = path.stem
+        name = weights_name(path)
         variant = forced or infer_variant(name, card.get("meta", {}))
         bar.set_description(f"{name}: loading")
         model = load_model(path, dtype=DTYPES[cfg.dtype], device=cfg.device)
@@ -943,7 +952,7 @@ def write_all(result: dict, samples: dict, out: Path) -> dict:
         exact = "exact" if "exact" in modes else None
         approx = next((x for x in modes if x.startswith("eps=")), None) or next(
             (x for x in modes if x != "exact"), None)
-        p = out / f"grid_{name}.png"
+        p = out / f"grid_{name.replace('/', '_')}.png"  # a checkpoint's name has its run folder
         grid_image(samples, name, k, exact, approx).save(p)
         files[f"grid_{name}"] = str(p)
     files["report"] = str(out / "report.md")

@@ -64,6 +64,13 @@ def test_bad_mode_and_weights_fail_cleanly(tiny_weights, tmp_path, capsys):
     assert "unknown mode" in capsys.readouterr().err
     assert main(["evaluate", "--weights", str(tmp_path / "nope.json"), "--out", str(tmp_path)]) == 2
     assert "no weights" in capsys.readouterr().err
+    assert main(["evaluate", "--weights", tiny_weights, tiny_weights, "--out", str(tmp_path)]) == 2
+    assert "same name" in capsys.readouterr().err
+
+
+def test_checkpoints_are_named_by_their_run():
+    assert ev.weights_name(Path("/c/cpu-distill-sum/last.pt")) == "cpu-distill-sum/last"
+    assert ev.weights_name(Path("weights/cpu-frozen.json")) == "cpu-frozen"
 
 
 # ---------------------------------------------------------------- the smoke run
