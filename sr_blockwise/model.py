@@ -127,16 +127,21 @@ def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_len: int) -> torc
 
 # ---------------------------------------------------------------- layers
 
-def attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Unmasked softmax attention in float64, for decoding's cross-attention: q (B, H, n, hd),
-    k/v (B, H, S, hd) -> (B, H, n, hd) float64.
+def attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask_t: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax attention in float64, for decoding: q (B, H, n, hd), k/v (B, H, S, hd), mask_t
+    (B, 1, S, n) True where query j may read key s (None: everywhere) -> (B, H, n, hd) float64.
     Why float64: a bf16 SDPA call rounds a query's result differently depending on how many
     queries share the call (measured: 1 query vs n), which moves a decoder state by 1 bf16 ulp
     now and then and flips near-tied argmaxes between a greedy call and a k-token verify call.
-    In float64 the products of bf16 values are exact and the sums' call-dependent rounding
-    (~1e-16 relative) does not change the bf16 value the result is rounded back to."""
-    s = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
-    return torch.softmax(s, dim=-1) @ v.double()
+    In float64 the products of bf16 values are exact, masked keys add exact zeros, and the sums'
+    call-dependent rounding (~1e-16 relative) does not change the bf16 value the result is
+    rounded back to. Scores are computed transposed, k @ q^T, so that only the small q and P
+    are copied into matmul layout, never the keys."""
+    s_t = (k.double() @ q.double().transpose(-1, -2).contiguous()) * q.shape[-1] ** -0.5
+    if mask_t is not None:
+        s_t = s_t.masked_fill(~mask_t, float("-inf"))
+    return torch.softmax(s_t, dim=-2).transpose(-1, -2).contiguous() @ v.double()
 
 
 class Attention(nn.Module):
@@ -443,9 +448,9 @@ class ImageTransformerSR(nn.Module):
 
         A query's state is bit for bit the same whether it comes alone (greedy) or inside a k-token
         verify call, in any batch: this is what keeps exact mode exact in bf16 (tested in
-        tests/test_model.py). So each query's self-attention is its own SDPA problem over its own
-        window (the 2 blocks that start at its block's previous block), and the cross-attention,
-        where all n queries share the keys, runs in float64 (`attention64`).
+        tests/test_model.py). So both attentions run in float64 (`attention64`). The self-attention
+        reads one contiguous key window per image, from the first query's window start (its
+        block's previous block) to the last query, and masks each query to its own window.
         """
         B, n = tokens.shape
         if n > cache.max_extra:
@@ -455,26 +460,22 @@ class ImageTransformerSR(nn.Module):
         qpos = pos[:, None] + torch.arange(n, device=dev)  # (B, n)
         src = cache.src if rows is None else cache.src[rows]
         x = self.embed_targets(tokens, qpos.clamp(max=SEQ_LEN - 1), src)
-        lo = ((qpos // L - 1) * L).clamp(min=0)  # (B, n) each query's window start
-        kpos = lo[..., None] + torch.arange(2 * L, device=dev)  # (B, n, 2L)
-        mask = (kpos <= qpos[..., None]).view(B * n, 1, 1, 2 * L)
+        qlo = ((qpos // L - 1) * L).clamp(min=0)  # (B, n) each query's window start
+        kpos = qlo[:, :1] + torch.arange(2 * L + n, device=dev)  # (B, W) covers every window
+        mask_t = ((kpos[..., None] >= qlo[:, None]) & (kpos[..., None] <= qpos[:, None]))[:, None]
         bidx = (torch.arange(B, device=dev) if rows is None else rows)[:, None]
         H = self.cfg.n_heads
-        hd = self.cfg.d_model // H
-
-        def per_query(t):  # (B, n, 2L, d) -> (B*n, H, 2L, hd)
-            return t.view(B * n, 2 * L, H, hd).transpose(1, 2)
+        hidx = torch.arange(H, device=dev)[None, :, None]
 
         for i, layer in enumerate(self.decoder):
             a = layer.self_attn
             q, k, v = a.qkv(layer.ln1(x)).chunk(3, dim=-1)
-            cache.k[i][bidx, qpos] = k
-            cache.v[i][bidx, qpos] = v
-            kw, vw = cache.k[i][bidx[..., None], kpos], cache.v[i][bidx[..., None], kpos]
-            # one SDPA problem per query: the same kernel call whatever call the query is in
-            o = F.scaled_dot_product_attention(q.reshape(B * n, 1, H, hd).transpose(1, 2),
-                                               per_query(kw), per_query(vw), attn_mask=mask)
-            x = x + a.out(o.transpose(1, 2).reshape(B, n, H * hd))
+            # cache layout (B, H, position, hd): a window read is contiguous per head
+            cache.k[i][bidx, :, qpos] = k.view(B, n, H, -1)
+            cache.v[i][bidx, :, qpos] = v.view(B, n, H, -1)
+            kw = cache.k[i][bidx[..., None], hidx, kpos[:, None]]  # (B, H, W, hd)
+            vw = cache.v[i][bidx[..., None], hidx, kpos[:, None]]
+            x = x + a.out(a.merge(attention64(a.split(q), kw, vw, mask_t)).to(x.dtype))
             c = layer.cross_attn
             ek, ev = cache.enc_k[i], cache.enc_v[i]
             if rows is not None:
@@ -485,7 +486,7 @@ class ImageTransformerSR(nn.Module):
 
 
 class KVCache:
-    """Preallocated per-layer decoder K/V (B, 3072 + 2*block_len + extra, d), plus the encoder's
+    """Preallocated per-layer decoder K/V (B, heads, 3072 + 3*block_len + 2*extra, head dim), plus the encoder's
     cross-attention K/V computed once per image. Positions past the image end exist so that
     proposals near the end can be written; their keys are never read by a real position.
     Rejected proposals are simply overwritten when the position reaches them again."""
@@ -499,12 +500,13 @@ class KVCache:
         self.max_extra = max_extra
         self.src = src
         size = SEQ_LEN + 3 * cfg.block_len + 2 * max_extra  # room for windows past the end
-        self.k = [torch.zeros(B, size, cfg.d_model, dtype=dtype, device=src.device)
+        H = cfg.n_heads
+        self.k = [torch.zeros(B, H, size, cfg.d_model // H, dtype=dtype, device=src.device)
                   for _ in model.decoder]
         self.v = [torch.zeros_like(t) for t in self.k]
         enc = model.encode(src)
         # split into heads and in float64 once, for step's attention64: (B, H, 192, hd)
         split = model.decoder[0].cross_attn.split
         kv = model.cross_kv(enc)
-        self.enc_k = [split(k).double() for k, _ in kv]
-        self.enc_v = [split(v).double() for _, v in kv]
+        self.enc_k = [split(k).double().contiguous() for k, _ in kv]
+        self.enc_v = [split(v).double().contiguous() for _, v in kv]

@@ -95,7 +95,7 @@ def test_bf16_state_does_not_depend_on_the_call_a_query_comes_in():
     assert alone.dtype == torch.bfloat16
     assert torch.equal(torch.cat(states, 1)[:, :T], alone)
     for a, b in zip(alone_cache.k, cache.k):
-        assert torch.equal(a[:, :T], b[:, :T])
+        assert torch.equal(a[:, :, :T], b[:, :, :T])
 
 
 def test_step_on_a_subset_of_rows_matches_all_rows():
