@@ -191,6 +191,61 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
                         seconds, n_calls)
 
 
+@torch.no_grad()
+def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: int = 64) -> dict:
+    """Exact mode's accepted blocks for every k in ks, without decoding it: {k: [DecodeStats]}.
+
+    In exact mode the output is the greedy output, so every call's prefix is a greedy prefix, and
+    a decoder state depends only on its prefix, never on the call it comes in (tests/test_model.py).
+    So one teacher-forced pass of `step` over the greedy tokens, `chunk` positions per call, gives
+    every state the decoder would see; the heads read at position t give the proposals a block
+    starting at t would get, and walking the image as `decode` does (accept the sure token, then
+    the proposals that equal greedy's next tokens) reproduces its accepted blocks and calls for
+    all k at once, at the cost of about one verify call per `chunk` tokens. `seconds` is 0: this
+    is not a timing. Raises if p1's argmax anywhere differs from the greedy token given (then the
+    states are not the decoder's and the walk would be wrong)."""
+    lr = check_input(lr)
+    dev = next(model.parameters()).device
+    src = torch.from_numpy(to_tokens(lr)).to(dev)
+    greedy_images = np.asarray(greedy_images)
+    B = src.shape[0]
+    if greedy_images.shape != (B, 32, 32, 3):
+        raise ValueError(f"expected {B} greedy outputs of shape (32, 32, 3), got {greedy_images.shape}")
+    y = torch.from_numpy(to_tokens(greedy_images)).to(dev)
+    ks = sorted(set(ks))
+    if not 1 <= min(ks) <= max(ks) <= model.cfg.n_blockwise:
+        raise ValueError(f"k must be in 1..{model.cfg.n_blockwise}, got {ks}")
+    cache = model.new_cache(src, max_extra=chunk)
+    prev = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev), y[:, :-1]], 1)
+    # agree[k][b, t, j]: head j+2 of a k-head block starting at t proposes greedy's token t+j+1
+    agree = {k: torch.zeros(B, SEQ_LEN, max(k - 1, 0), dtype=torch.bool) for k in ks}
+    for s in range(0, SEQ_LEN, chunk):
+        h = model.step(cache, prev[:, s:s + chunk], torch.full((B,), s, device=dev))
+        n = h.shape[1]
+        pos = s + torch.arange(n, device=dev).expand(B, n)
+        if not torch.equal(model.logits(h, src, pos).argmax(-1), y[:, s:s + n]):
+            raise ValueError("these are not the model's greedy tokens (p1 disagrees): cannot replay")
+        later = torch.cat([y, y[:, -1:].expand(B, max(ks))], 1)  # past the end: never read
+        for k in ks[1:] if ks[0] == 1 else ks:
+            props = model.head_logits(h, k, src, pos).argmax(-1)[..., 1:]  # (B, n, k-1)
+            want = torch.stack([later[:, s + j + 1:s + j + 1 + n] for j in range(k - 1)], -1)
+            agree[k][:, s:s + n] = (props == want).cpu()
+    out = {}
+    for k in ks:
+        runs = agree[k].long().cumprod(-1).sum(-1) + 1  # (B, 3072) block accepted at each t
+        stats = []
+        for b in range(B):
+            hist, calls, t = [0] * k, 1, 0
+            while t < SEQ_LEN:
+                n = 1 if SEQ_LEN - t == 1 else min(int(runs[b, t]), SEQ_LEN - t)
+                calls += SEQ_LEN - t > 1  # the last single token needs no call
+                hist[n - 1] += 1
+                t += n
+            stats.append(DecodeStats(calls, hist, 0.0))
+        out[k] = stats
+    return out
+
+
 def _propose(model, h, k, opts, gen, t, rows, src, proposer=None):
     """k proposals from the decoder state h (b, d) that predicts position t (b,) of images `rows`
     of the batch's input src. The first is always

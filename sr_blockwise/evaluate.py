@@ -31,11 +31,11 @@ from tqdm import tqdm
 from . import metrics
 from .checkpoints import load_model, read_card, resolve
 from .data import DEFAULT_DATA, downsample_8, enlarge, load_faces, to_tokens
-from .decoding import DecodeOptions, decode, greedy_uncached
+from .decoding import DecodeOptions, decode, exact_block_stats, greedy_uncached
 from .model import SEQ_LEN
 
 SCHEMA = "sr-blockwise-evaluate"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: exact rows may take block statistics from the replay
 
 # The paper's Table 2 (mean accepted block size, CelebA dev) and Figure 4's super-resolution peak.
 PAPER_TABLE2 = {
@@ -59,7 +59,11 @@ RECORD_FIELDS = {
     "top_k": "topk rule: proposal accepted if among p1's top_k values",
     "min_block": "tokens accepted per call whatever the rule says",
     "exact_by_construction": "true if the mode promises output identical to greedy",
-    "n_images": "images decoded",
+    "n_images": "images the block statistics (mean_block, block_hist, calls) cover",
+    "n_images_decoded": "images decoded for real: seconds, speedups, identity and quality cover these",
+    "block_stats_from": "decoded | replay (exact modes: decoding.exact_block_stats on the greedy output)",
+    "replay_matches_decoded": "exact modes: share of decoded images whose replayed blocks and calls equal "
+                              "the decoded ones (must be 1); null where no replay ran",
     "mean_block": "mean accepted block size: all tokens / all decoding steps, over the images",
     "block_hist": "block_hist[n-1] = decoding steps that accepted n tokens, summed over images",
     "calls_per_image": "model calls an image took part in, mean over images",
@@ -172,6 +176,11 @@ class EvalConfig:
     json_path: str | None = None  # default OUT/results.json
     perceptual: str = "auto"  # auto | lpips | stlpips | none
     uncached_prefix: int = 64  # tokens of the real no-cache decoder to run (see time_uncached_greedy)
+    # exact modes: decode only the first N images for real (timing, identity, quality); block
+    # statistics of all images come from the replay (decoding.exact_block_stats). None: decode all
+    decode_exact: int | None = None
+    # other modes (eps, top-k, ...): decode only the first N images (they cannot be replayed)
+    decode_approx: int | None = None
     grid_images: int = 6
     progress: bool = True
 
@@ -187,6 +196,10 @@ class EvalConfig:
               "--batch-size", str(self.batch_size), "--dtype", self.dtype, "--device", self.device]
         if self.threads:
             a += ["--threads", str(self.threads)]
+        if self.decode_exact is not None:
+            a += ["--decode-exact", str(self.decode_exact)]
+        if self.decode_approx is not None:
+            a += ["--decode-approx", str(self.decode_approx)]
         a += ["--perceptual", self.perceptual, "--out", str(self.out)]
         if self.json_path:
             a += ["--json", str(self.json_path)]
@@ -325,16 +338,35 @@ def _decode_record(name, variant, mode: Mode, k, run, greedy, real) -> dict:
     rec = new_record(weights=name, variant=variant, method="greedy" if mode.name == "greedy" else "blockwise",
                      mode=mode.name, k=k, rule=mode.rule, eps=mode.eps, top_k=mode.top_k,
                      min_block=mode.min_block, exact_by_construction=mode.options(k).is_exact,
-                     n_images=n, mean_block=SEQ_LEN * n / int(hist.sum()), block_hist=hist.tolist(),
+                     n_images=n, n_images_decoded=n, block_stats_from="decoded",
+                     mean_block=SEQ_LEN * n / int(hist.sum()), block_hist=hist.tolist(),
                      calls_per_image=calls, seconds_per_image=spi, timing="measured",
                      paper_mean_block=PAPER_TABLE2.get((variant, mode.name), {}).get(k))
     if greedy is not None:
         g_calls, g_spi = greedy["calls_per_image"], greedy["seconds_per_image"]
-        same = run["images"].reshape(n, -1) == greedy["_images"].reshape(n, -1)
+        same = run["images"].reshape(n, -1) == greedy["_images"][:n].reshape(n, -1)
         rec.update(speedup_vs_greedy=g_spi / spi, call_reduction=g_calls / calls,
                    cost_per_call_vs_greedy=(spi / calls) / (g_spi / g_calls),
                    identical_to_greedy=float(same.all(1).mean()), tokens_identical_to_greedy=float(same.mean()))
     return rec
+
+
+def _use_replay(rec: dict, replayed: list, decoded: list, greedy: dict) -> None:
+    """Give an exact row the replay's block statistics over all images (it has decoded the first
+    len(decoded)), and say how many decoded images the replay matched exactly."""
+    same = [a.block_hist == b.block_hist and a.calls == b.calls for a, b in zip(decoded, replayed)]
+    rec["replay_matches_decoded"] = float(np.mean(same))
+    if not all(same):
+        rec["notes"].append(f"REPLAY DIFFERS from decoding on {len(same) - sum(same)} of {len(same)} images")
+    if len(replayed) > len(decoded):
+        hist = np.sum([s.block_hist for s in replayed], axis=0)
+        calls = float(np.mean([s.calls for s in replayed]))
+        rec.update(n_images=len(replayed), block_stats_from="replay", block_hist=hist.tolist(),
+                   mean_block=SEQ_LEN * len(replayed) / int(hist.sum()), calls_per_image=calls,
+                   call_reduction=greedy["calls_per_image"] / calls)
+        rec["notes"].append(f"block statistics of all {len(replayed)} images from the replay "
+                            f"(decoding.exact_block_stats); seconds, identity and quality from decoding the "
+                            f"first {len(decoded)}")
 
 
 def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
@@ -347,6 +379,9 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         raise ValueError(f"unknown dtype {cfg.dtype!r}: use {', '.join(DTYPES)}")
     if cfg.batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {cfg.batch_size}")
+    for what, v in (("decode_exact", cfg.decode_exact), ("decode_approx", cfg.decode_approx)):
+        if v is not None and v < 1:
+            raise ValueError(f"{what} must be >= 1 image, got {v}")
     modes = [parse_mode(m) for m in cfg.modes]
     blockwise = [m for m in dict.fromkeys(modes) if m.name != "greedy"]
     ks = sorted(set(int(k) for k in cfg.ks))
@@ -383,7 +418,8 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
                      "uncached_prefix_tokens": cfg.uncached_prefix,
                      "bits_per_dim": "fp32 forward, p1 logits, over the evaluated images",
                      "seconds_per_image": "decode wall time of each batch summed, / images",
-                     "exact_reference": "the same weights' greedy output (exact mode must equal it)"},
+                     "exact_reference": "the same weights' greedy output (exact mode must equal it)",
+                     "decode_exact": cfg.decode_exact, "decode_approx": cfg.decode_approx},
         "weights": weights_info,
         "paper": {"table2": {f"{v}, {m}": {str(k): x for k, x in t.items()} for (v, m), t in PAPER_TABLE2.items()},
                   "peak_speedup": PAPER_PEAK},
@@ -396,7 +432,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         if on_progress is not None:
             result["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             on_progress(result)
-    G = min(cfg.grid_images, n)
+    G = min(cfg.grid_images, n, cfg.decode_exact or n, cfg.decode_approx or n)  # faces every row decodes
     samples = {"lr": lr[:G], "real": real[:G], "models": {}}
 
     # bicubic: the no-model baseline row
@@ -422,7 +458,9 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
                 else:
                     jobs.append((k, m))
         plan.append((path, forced, card, jobs))
-    total = sum((1 + len(jobs)) * n for *_, jobs in plan)
+    n_exact = n if cfg.decode_exact is None else min(n, cfg.decode_exact)
+    n_approx = n if cfg.decode_approx is None else min(n, cfg.decode_approx)
+    total = sum(n + sum(n_exact if m.options(k).is_exact else n_approx for k, m in jobs) for *_, jobs in plan)
     bar = tqdm(total=total, unit="img", disable=not cfg.progress, dynamic_ncols=True)
 
     for path, forced, card, jobs in plan:
@@ -451,6 +489,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         u_spi = unc["seconds_batch"] / b
         urec = new_record(weights=name, variant=variant, method="greedy-uncached", mode="greedy-uncached", k=1,
                           rule="exact", eps=0, top_k=1, min_block=1, exact_by_construction=True, n_images=b,
+                          n_images_decoded=b, block_stats_from="decoded",
                           mean_block=1.0, calls_per_image=float(SEQ_LEN), seconds_per_image=u_spi,
                           speedup_vs_greedy=grec["seconds_per_image"] / u_spi, call_reduction=1.0,
                           timing="measured" if unc["measured"] else "estimated",
@@ -468,12 +507,25 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         records += [grec, urec]
         progress()
 
+        # exact modes' blocks for all images and every k from one teacher-forced pass over the
+        # greedy output (cheap); checked against the real decodes of the first n_exact images
+        ks_exact = sorted({k for k, m in jobs if m.options(k).is_exact})
+        replay = {k: [] for k in ks_exact}
+        if ks_exact:
+            bar.set_description(f"{name}: exact-mode replay")
+            for i in range(0, n, 32):
+                for k, st in exact_block_stats(model, lr[i:i + 32], g["images"][i:i + 32], ks_exact).items():
+                    replay[k] += st
+
         # the blockwise decodes
         for k, m in jobs:
             bar.set_description(f"{name}: k={k} {m.name}")
-            r = decode_all(model, lr, m.options(k), cfg.batch_size, bar)
+            nd = n_exact if m.options(k).is_exact else n_approx
+            r = decode_all(model, lr[:nd], m.options(k), cfg.batch_size, bar)
             rec = _decode_record(name, variant, m, k, r, greedy, real)
-            rec.update(quality(real, g["images"], r["images"], perceptual))
+            rec.update(quality(real[:nd], g["images"][:nd], r["images"], perceptual))
+            if m.options(k).is_exact:
+                _use_replay(rec, replay[k], r["stats"], greedy)
             rec["speedup_vs_uncached_greedy"] = u_spi / rec["seconds_per_image"]
             if rec["exact_by_construction"] and rec["identical_to_greedy"] < 1:
                 rec["notes"].append("NOT identical to greedy although the mode promises it")
@@ -506,7 +558,8 @@ def summarize(result: dict) -> dict:
     recs = result["records"]
     exact = [r for r in recs if r["method"] == "blockwise" and r["exact_by_construction"]]
     ident = [{"weights": r["weights"], "k": r["k"], "mode": r["mode"], "identical_to_greedy": r["identical_to_greedy"],
-              "images": r["n_images"]} for r in exact]
+              "images": r["n_images_decoded"]} for r in exact]
+    replayed = [r for r in exact if r.get("replay_matches_decoded") is not None]
     blk = [r for r in recs if r["method"] == "blockwise" and r["rule"] != "oracle"]  # oracle: a bound, not a decoder
     peak = max(blk, key=lambda r: r["speedup_vs_greedy"], default=None)
     peak_u = max(blk, key=lambda r: r["speedup_vs_uncached_greedy"], default=None)
@@ -514,6 +567,7 @@ def summarize(result: dict) -> dict:
                                                 "mean_block": r["mean_block"]}
     return {"exact_identical_to_greedy": ident,
             "exact_all_identical": all(r["identical_to_greedy"] == 1.0 for r in exact),
+            "replay_all_match": all(r["replay_matches_decoded"] == 1.0 for r in replayed),
             "peak_speedup_vs_greedy": pick(peak, "speedup_vs_greedy"),
             "peak_speedup_vs_uncached_greedy": pick(peak_u, "speedup_vs_uncached_greedy")}
 
@@ -822,6 +876,19 @@ def method_notes(result) -> list[str]:
         "grows with the prefix over the whole image, so a linear extrapolation of the first tokens would be "
         "too low (the row's notes give both).",
     ]
+    replayed = [r for r in result["records"] if r.get("block_stats_from") == "replay"]
+    if replayed:
+        r0 = replayed[0]
+        notes.append(
+            f"Exact-mode block sizes of all {r0['n_images']} faces come from a replay "
+            "(`decoding.exact_block_stats`): exact mode's output is the greedy output, and a decoder state "
+            "depends only on its prefix, bit for bit, never on the call it comes in (tested), so one "
+            "teacher-forced pass of the decoder's own `step` over the greedy tokens yields every state "
+            "exact decoding would see; walking the image with the heads' proposals gives its accepted blocks "
+            f"for every k. The first {r0['n_images_decoded']} faces were also decoded for real: their "
+            "seconds per image, identity to greedy and quality are the rows' ones, and the replay matched "
+            "their blocks and calls on "
+            + ", ".join(f"{100 * r['replay_matches_decoded']:.0f}%" for r in replayed) + " of them.")
     for w in result["weights"]:
         u = w["uncached_timing"]
         notes.append(f"{w['name']}: no-cache prefix measured {u['prefix_seconds_measured']:.3f} s vs "

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from sr_blockwise.decoding import DecodeOptions, accepted_length, decode, greedy, options_for
+from sr_blockwise.decoding import DecodeOptions, accepted_length, decode, exact_block_stats, greedy, options_for
 from sr_blockwise.data import to_tokens
 from sr_blockwise.model import SEQ_LEN
 
@@ -92,6 +92,37 @@ def test_accepted_length_rules():
     assert acc(rule="topk", top_k=2) == 3
     assert acc(rule="oracle") == 4
     assert acc(rule="exact", min_block=4) == 4
+
+
+def _same_blocks(decoded, replayed):
+    return [(a.calls, a.block_hist) for a in decoded] == [(b.calls, b.block_hist) for b in replayed]
+
+
+def test_replay_gives_exact_decodings_blocks_for_every_k(setup64):
+    m, lr, g = setup64
+    rep = exact_block_stats(m, lr, g.images, [2, 4, 10], chunk=48)
+    for k in (2, 4, 10):
+        r = decode(m, lr, DecodeOptions(k=k))
+        assert _same_blocks(r.stats, rep[k]), k
+    assert sum(sum(s.block_hist[1:]) for s in rep[4]) > 0  # multi-token blocks were replayed too
+    noisy = g.images.copy()
+    noisy[0, 5, 5, 0] ^= 1
+    with pytest.raises(ValueError, match="greedy"):
+        exact_block_stats(m, lr, noisy, [2])
+
+
+def test_replay_matches_exact_decoding_of_the_shipped_weights(celeba_npz):
+    """The property evaluate's replay rests on, where it is used: the shipped weights in bf16 on a
+    real test face, whose heads accept blocks of several tokens."""
+    from sr_blockwise.checkpoints import load_model
+    from sr_blockwise.data import downsample_8, load_faces
+    m = load_model("cpu-finetuned")
+    lr = downsample_8(load_faces(celeba_npz, part="test").images[:1])
+    g = greedy(m, lr)
+    r = decode(m, lr, DecodeOptions(k=6))
+    np.testing.assert_array_equal(r.images, g.images)
+    rep = exact_block_stats(m, lr, g.images, [6])
+    assert _same_blocks(r.stats, rep[6]) and rep[6][0].mean_block > 1.1
 
 
 def test_bf16_exact_equals_bf16_greedy():

@@ -84,7 +84,8 @@ def smoke(tiny_weights, celeba_npz, tmp_path_factory):
     try:
         rc = main(["evaluate", "--weights", f"{tiny_weights}:frozen", "--data", str(celeba_npz),
                    "--limit", "2", "--k", "2,4,16", "--modes", "greedy,exact,eps=2", "--batch-size", "2",
-                   "--threads", "1", "--uncached-prefix", "16", "--out", str(out),
+                   "--threads", "1", "--uncached-prefix", "16", "--decode-exact", "1", "--decode-approx", "1",
+                   "--out", str(out),
                    "--json", str(out / "sub" / "run.json"), "--quiet"])
     finally:
         torch.set_num_threads(threads)
@@ -130,19 +131,26 @@ def test_smoke_values(smoke):
         assert x["bits_per_dim"] > 0
         if mode != "greedy-uncached":
             assert sum(x["block_hist"]) > 0 and len(x["block_hist"]) == k
-            assert x["n_images"] == 2
+            if mode == "greedy":
+                assert x["n_images"] == x["n_images_decoded"] == 2
+            if mode == "eps=2":  # --decode-approx 1
+                assert x["n_images"] == x["n_images_decoded"] == 1 and x["block_stats_from"] == "decoded"
+                assert x["replay_matches_decoded"] is None
             for f in ("psnr_vs_real", "ssim_vs_real", "perceptual_vs_real", "ssim_vs_exact", "perceptual_vs_exact"):
                 assert x[f] is not None, f
     # exact mode must be greedy decoding, image for image
     for k in (2, 4):
         x = recs[("exact", k)]
         assert x["exact_by_construction"] and x["identical_to_greedy"] == 1.0
+        # --decode-exact 1: one face decoded, both faces' blocks replayed, the replay checked
+        assert (x["n_images"], x["n_images_decoded"], x["block_stats_from"]) == (2, 1, "replay")
+        assert x["replay_matches_decoded"] == 1.0 and len(x["block_hist"]) == k
         assert x["psnr_vs_exact"] is None and x["ssim_vs_exact"] == 1.0 and x["perceptual_vs_exact"] == 0.0
         assert x["paper_mean_block"] == ev.PAPER_TABLE2[("frozen", "exact")][k]
         assert not recs[("eps=2", k)]["exact_by_construction"]
     assert recs[("greedy", 1)]["speedup_vs_greedy"] == 1.0
     assert recs[("greedy-uncached", 1)]["timing"] == "estimated"
-    assert r["summary"]["exact_all_identical"] is True
+    assert r["summary"]["exact_all_identical"] is True and r["summary"]["replay_all_match"] is True
     assert len(r["summary"]["exact_identical_to_greedy"]) == 2
     u = r["weights"][0]["uncached_timing"]
     assert u["prefix_tokens"] == 16 and u["prefix_tokens_match_cached"] == 1.0
@@ -158,7 +166,8 @@ def test_smoke_files(smoke):
     for key in ("plot_mean_block", "plot_speedup", "plot_quality"):
         assert Image.open(files[key]).size[0] > 300
     grid = np.asarray(Image.open(files["grid_tiny-random"]))
-    assert grid.shape[0] > 2 * 128 and grid.shape[1] > 6 * 128  # 2 faces x 6 columns
+    # the faces every row decoded (--decode-exact 1): 1 face x 6 columns
+    assert 128 < grid.shape[0] < 2 * 128 and grid.shape[1] > 6 * 128
     report = Path(files["report"]).read_text()
     for text in ("Table 2", "1.07", "4.0x", "identical", "ST-LPIPS" if "ST" in r["settings"]["perceptual"]["label"]
                  else "LPIPS", "differ from the paper", r["command"]):
