@@ -217,6 +217,7 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
         raise ValueError(f"k must be in 1..{model.cfg.n_blockwise}, got {ks}")
     cache = model.new_cache(src, max_extra=chunk)
     prev = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev), y[:, :-1]], 1)
+    later = torch.cat([y, y[:, -1:].expand(B, max(ks))], 1)  # past the end: padding, never read
     # agree[k][b, t, j]: head j+2 of a k-head block starting at t proposes greedy's token t+j+1
     agree = {k: torch.zeros(B, SEQ_LEN, max(k - 1, 0), dtype=torch.bool) for k in ks}
     for s in range(0, SEQ_LEN, chunk):
@@ -225,8 +226,7 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
         pos = s + torch.arange(n, device=dev).expand(B, n)
         if not torch.equal(model.logits(h, src, pos).argmax(-1), y[:, s:s + n]):
             raise ValueError("these are not the model's greedy tokens (p1 disagrees): cannot replay")
-        later = torch.cat([y, y[:, -1:].expand(B, max(ks))], 1)  # past the end: never read
-        for k in ks[1:] if ks[0] == 1 else ks:
+        for k in [k for k in ks if k > 1]:  # k=1 has no proposals: every block is 1 token
             props = model.head_logits(h, k, src, pos).argmax(-1)[..., 1:]  # (B, n, k-1)
             want = torch.stack([later[:, s + j + 1:s + j + 1 + n] for j in range(k - 1)], -1)
             agree[k][:, s:s + n] = (props == want).cpu()

@@ -486,8 +486,8 @@ class ImageTransformerSR(nn.Module):
 
 
 class KVCache:
-    """Preallocated per-layer decoder K/V (B, heads, 3072 + 3*block_len + 2*extra, head dim), plus the encoder's
-    cross-attention K/V computed once per image. Positions past the image end exist so that
+    """Preallocated per-layer decoder K/V (B, heads, 3072 + 3*block_len + 2*extra, head dim), plus
+    the encoder's cross-attention K/V computed once per image. Positions past the image end exist so that
     proposals near the end can be written; their keys are never read by a real position.
     Rejected proposals are simply overwritten when the position reaches them again."""
 
