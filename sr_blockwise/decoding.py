@@ -232,12 +232,13 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
             agree[k][:, s:s + n] = (props == want).cpu()
     out = {}
     for k in ks:
-        runs = agree[k].long().cumprod(-1).sum(-1) + 1  # (B, 3072) block accepted at each t
+        # block accepted at each t, as Python ints: the walk below reads one per step
+        runs = (agree[k].long().cumprod(-1).sum(-1) + 1).tolist()
         stats = []
         for b in range(B):
             hist, calls, t = [0] * k, 1, 0
             while t < SEQ_LEN:
-                n = 1 if SEQ_LEN - t == 1 else min(int(runs[b, t]), SEQ_LEN - t)
+                n = 1 if SEQ_LEN - t == 1 else min(runs[b][t], SEQ_LEN - t)
                 calls += SEQ_LEN - t > 1  # the last single token needs no call
                 hist[n - 1] += 1
                 t += n
