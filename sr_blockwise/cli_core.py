@@ -79,11 +79,16 @@ def cmd_distill(a):
     rng = np.random.default_rng(a.seed)
     idx = rng.permutation(len(train))[: a.n]
     lr = downsample_8(train.images[idx])
+    out = Path(a.out)
     outs = []
     for i in tqdm(range(0, len(lr), a.batch_size), desc="greedy targets", unit="batch"):
         outs.append(decode(model, lr[i : i + a.batch_size], DecodeOptions(k=1)).images)
-    np.savez_compressed(a.out, images=np.concatenate(outs), lr=lr, train_index=idx)
-    print(f"wrote {len(lr)} greedy targets to {a.out}")
+        # after every batch, atomically: a stopped run keeps the targets it has decoded so far
+        n = sum(len(o) for o in outs)
+        tmp = out.with_name(out.name + ".tmp.npz")
+        np.savez_compressed(tmp, images=np.concatenate(outs), lr=lr[:n], train_index=idx[:n])
+        tmp.replace(out)
+    print(f"wrote {len(lr)} greedy targets to {out}")
     return 0
 
 

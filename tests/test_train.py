@@ -136,6 +136,29 @@ def test_distill_targets_then_finetune_on_them(small_data, tmp_path, monkeypatch
     assert r["step"] == 2
 
 
+def test_distill_keeps_the_targets_decoded_before_a_crash(small_data, tmp_path, monkeypatch, tiny_weights):
+    """Decoding targets takes CPU-hours: a run stopped after its first batch keeps that batch."""
+    import sr_blockwise.decoding as decoding
+    from sr_blockwise.cli import main
+
+    real_decode, calls = decoding.decode, []
+
+    def decode_then_crash(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_decode(*args, **kw)
+
+    monkeypatch.setattr(decoding, "decode", decode_then_crash)
+    out = tmp_path / "distill.npz"
+    with pytest.raises(KeyboardInterrupt):
+        main(["distill", "--weights", tiny_weights, "--data", small_data, "--n", "4",
+              "--batch-size", "2", "-o", str(out)])
+    d = np.load(out)
+    assert d["images"].shape == (2, 32, 32, 3) and len(d["lr"]) == len(d["train_index"]) == 2
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
 def test_init_from_a_model_without_lr_skip_grows_it_unchanged(small_data, tmp_path):
     """Old weights (no lr_skip) warm-start the lr_skip preset: the new embedding starts at zero,
     so the grown model computes exactly what the old one did."""
