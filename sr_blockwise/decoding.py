@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .data import check_input, from_tokens, to_tokens
 from .model import SEQ_LEN, ImageTransformerSR
 
 RULES = ("exact", "eps", "topk", "oracle")
+PROPOSALS = ("argmax", "window")
 
 
 @dataclass
@@ -33,6 +35,10 @@ class DecodeOptions:
     min_block: int = 1  # accept at least this many tokens per call, whatever the rule says
     temperature: float = 0.0  # > 0: sample (one token per call), 0: greedy / blockwise
     seed: int = 0
+    # how heads 2..k propose: "argmax" (the paper) or, for the eps rule, "window": the centre of
+    # the most probable (2*eps+1)-wide window of the head's distribution, the value most likely
+    # to land within eps of p1's argmax
+    propose: str = "argmax"
 
     def check(self, model: ImageTransformerSR) -> None:
         K = model.cfg.n_blockwise
@@ -50,6 +56,10 @@ class DecodeOptions:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.temperature > 0 and self.k != 1:
             raise ValueError("sampling (temperature > 0) decodes one token per call: use k=1")
+        if self.propose not in PROPOSALS:
+            raise ValueError(f"unknown proposal {self.propose!r}; choose from {PROPOSALS}")
+        if self.propose == "window" and self.rule != "eps":
+            raise ValueError("window proposals are for the eps rule (they aim within eps levels)")
 
     @property
     def is_exact(self) -> bool:
@@ -256,9 +266,21 @@ def _propose(model, h, k, opts, gen, t, rows, src, proposer=None):
         logits = model.logits(h, src[rows], t).float() / opts.temperature
         return (logits + gen[rows, t]).argmax(-1, keepdim=True)
     if proposer is None:
-        return model.head_logits(h, k, src[rows], t).argmax(-1)
+        logits = model.head_logits(h, k, src[rows], t)
+        if opts.propose == "window" and opts.eps > 0 and k > 1:
+            # p1's own choice stays its argmax: it is the sure token
+            return torch.cat([logits[:, :1].argmax(-1), window_centre(logits[:, 1:], opts.eps)], 1)
+        return logits.argmax(-1)
     first = model.logits(h, src[rows], t).argmax(-1, keepdim=True)
     return torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first
+
+
+def window_centre(logits: torch.Tensor, eps: int) -> torch.Tensor:
+    """(..., 256) logits -> (...) the intensity v that maximizes P(|x - v| <= eps)."""
+    p = logits.float().softmax(-1)
+    mass = F.avg_pool1d(p.reshape(-1, 1, p.shape[-1]), 2 * eps + 1, stride=1, padding=eps,
+                        count_include_pad=True)  # window sums / (2 eps + 1): same argmax
+    return mass.view(p.shape).argmax(-1)
 
 
 def _gumbel_source(B, opts, dev, seeds=None):

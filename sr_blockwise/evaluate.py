@@ -96,24 +96,31 @@ class Mode:
     eps: int = 0
     top_k: int = 1
     min_block: int = 1
+    propose: str = "argmax"  # eps-window=E: the heads propose window centres (decoding.window_centre)
 
     def options(self, k: int) -> DecodeOptions:
-        return DecodeOptions(k=k, rule=self.rule, eps=self.eps, top_k=self.top_k, min_block=self.min_block)
+        return DecodeOptions(k=k, rule=self.rule, eps=self.eps, top_k=self.top_k, min_block=self.min_block,
+                             propose=self.propose)
 
 
 def parse_mode(text: str) -> Mode:
-    """greedy | exact | oracle | eps=E | top-k=N | min-block=N (min-block uses the exact rule)."""
+    """greedy | exact | oracle | eps=E | eps-window=E | top-k=N | min-block=N (min-block uses the
+    exact rule; eps-window is the eps rule with window-centre proposals)."""
     t = text.strip().lower().replace("_", "-")
     if t in ("greedy", "exact", "oracle"):
         return Mode(t, rule="oracle" if t == "oracle" else "exact")
     name, eq, val = t.partition("=")
     if not eq or not val.strip().lstrip("-").isdigit():
-        raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, top-k=N or min-block=N")
+        raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, eps-window=E, top-k=N or min-block=N")
     v = int(val)
     if name == "eps":
         if v < 0:
             raise ValueError(f"mode {text!r}: eps must be >= 0")
         return Mode(f"eps={v}", rule="eps", eps=v)
+    if name == "eps-window":
+        if v < 1:
+            raise ValueError(f"mode {text!r}: eps-window needs eps >= 1")
+        return Mode(f"eps-window={v}", rule="eps", eps=v, propose="window")
     if name in ("top-k", "topk"):
         if v < 1:
             raise ValueError(f"mode {text!r}: top-k must be >= 1")
@@ -122,7 +129,7 @@ def parse_mode(text: str) -> Mode:
         if v < 1:
             raise ValueError(f"mode {text!r}: min-block must be >= 1")
         return Mode(f"min-block={v}", rule="exact", min_block=v)
-    raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, top-k=N or min-block=N")
+    raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, eps-window=E, top-k=N or min-block=N")
 
 
 def parse_list(text, kind=str) -> list:

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from sr_blockwise.decoding import DecodeOptions, accepted_length, decode, exact_block_stats, greedy, options_for
+from sr_blockwise.decoding import (DecodeOptions, accepted_length, decode, exact_block_stats, greedy,
+                                   options_for, window_centre)
 from sr_blockwise.data import to_tokens
 from sr_blockwise.model import SEQ_LEN
 
@@ -78,6 +79,37 @@ def test_eps_zero_is_exact_and_eps_bounds_every_token(setup64):
         best = m.logits(m(src, out), src).argmax(-1)
     assert (out - best).abs().max() <= 3
     assert (out != best).any()  # the rule did accept non-greedy tokens
+
+
+def test_window_centre_maximizes_the_mass_within_eps():
+    # a lone spike (argmax) against a broader bump that holds more mass within +-2
+    p = torch.full((256,), 1e-6)
+    p[10] = 0.2
+    p[100:105] = 0.16
+    logits = p.log()[None]
+    assert int(logits.argmax()) == 10 and int(window_centre(logits, 2)[0]) == 102
+    assert int(window_centre(logits, 0)[0]) == 10  # a 1-wide window is the argmax
+    z = torch.randn(50, 256, dtype=torch.float64) * 3
+    for eps in (1, 2, 5):
+        probs = z.softmax(-1)
+        mass = torch.stack([probs[:, max(0, v - eps): v + eps + 1].sum(-1) for v in range(256)], -1)
+        got = window_centre(z, eps)
+        assert torch.allclose(mass.gather(1, got[:, None])[:, 0], mass.max(-1).values)
+
+
+def test_window_proposals_keep_every_token_within_eps(setup64):
+    m, lr, g = setup64
+    r = decode(m, lr, DecodeOptions(k=6, rule="eps", eps=4, propose="window"))
+    with torch.no_grad():
+        out = torch.from_numpy(to_tokens(r.images))
+        src = torch.from_numpy(to_tokens(lr))
+        best = m.logits(m(src, out), src).argmax(-1)
+    assert (out - best).abs().max() <= 4
+    # eps=0 window proposals are argmax proposals: exact
+    eps0 = decode(m, lr, DecodeOptions(k=6, rule="eps", eps=0, propose="window"))
+    np.testing.assert_array_equal(eps0.images, g.images)
+    with pytest.raises(ValueError, match="window"):
+        decode(m, lr, DecodeOptions(k=6, rule="exact", propose="window"))
 
 
 def test_accepted_length_rules():

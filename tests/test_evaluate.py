@@ -23,7 +23,9 @@ def test_parse_mode():
     assert (m.rule, m.min_block, m.options(4).is_exact) == ("exact", 2, False)
     assert ev.parse_mode("exact").options(6).is_exact
     assert not ev.parse_mode("eps=2").options(6).is_exact
-    for bad in ("fast", "eps", "eps=x", "eps=-1", "top-k=0", "min-block=0"):
+    w = ev.parse_mode("eps-window=2").options(6)
+    assert (w.rule, w.eps, w.propose) == ("eps", 2, "window")
+    for bad in ("fast", "eps", "eps=x", "eps=-1", "top-k=0", "min-block=0", "eps-window=0"):
         with pytest.raises(ValueError):
             ev.parse_mode(bad)
 
