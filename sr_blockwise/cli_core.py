@@ -119,7 +119,7 @@ def cmd_learning_curve(a):
 
     from .train import CACHE_DIR
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(9, 4))
     offset = 0
     for run, batch in zip(a.runs, a.batch_sizes or [8] * len(a.runs)):
         rows = list(csv.DictReader(open(CACHE_DIR / run / "log.csv")))
@@ -133,7 +133,7 @@ def cmd_learning_curve(a):
     ax.set_ylabel("bits/dim (p1)")
     ax.set_ylim(top=8.2)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: never over a curve
     fig.tight_layout()
     fig.savefig(a.out, dpi=110)
     print(f"wrote {a.out}")
