@@ -46,6 +46,12 @@ def register(subparsers) -> None:
     p.add_argument("--grid-images", type=int, default=6, help="faces in the image grid")
     p.add_argument("--json", default=None, help="JSON path (default OUT/results.json)")
     p.add_argument("--out", default="results", help="output folder")
+    p.add_argument("--cache-dir", default="~/.cache/sr-blockwise/evaluate",
+                   help="every finished decode batch is saved here ('none': nowhere)")
+    p.add_argument("--resume", action="store_true",
+                   help="read back the batches a stopped run with the same settings already decoded "
+                        "(found in --cache-dir) instead of decoding them again; the report says how many "
+                        "batches came from earlier sittings")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -55,6 +61,8 @@ def run(a) -> int:
 
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
+    if a.resume and a.cache_dir.lower() == "none":
+        raise ValueError("--resume reads the batches saved in --cache-dir: give one, not 'none'")
     if a.n_images < 1:
         raise ValueError(f"--n-images must be >= 1, got {a.n_images}")
     cfg = EvalConfig(weights=a.weights, data=a.data, n_images=a.n_images, limit=a.limit,
@@ -62,7 +70,8 @@ def run(a) -> int:
                      dtype=a.dtype, device=a.device, threads=a.threads, out=a.out, json_path=a.json,
                      perceptual=a.perceptual, uncached_prefix=a.uncached_prefix,
                      decode_exact=a.decode_exact, decode_approx=a.decode_approx,
-                     grid_images=a.grid_images, progress=not a.quiet)
+                     grid_images=a.grid_images, progress=not a.quiet,
+                     cache_dir=None if a.cache_dir.lower() == "none" else a.cache_dir, resume=a.resume)
     result = evaluate(cfg)
     files = result["files"]
     print(f"wrote {files['json']}, {files['report']}")

@@ -14,12 +14,14 @@ RECORD_FIELDS below; it is versioned by SCHEMA_VERSION.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import platform
 import shlex
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,9 +31,9 @@ import torch
 from tqdm import tqdm
 
 from . import metrics
-from .checkpoints import load_model, read_card, resolve
+from .checkpoints import load_model, read_card, resolve, sha256_of
 from .data import DEFAULT_DATA, downsample_8, enlarge, load_faces, to_tokens
-from .decoding import DecodeOptions, decode, exact_block_stats, greedy_uncached
+from .decoding import DecodeOptions, DecodeStats, decode, exact_block_stats, greedy_uncached
 from .model import SEQ_LEN
 
 SCHEMA = "sr-blockwise-evaluate"
@@ -190,6 +192,10 @@ class EvalConfig:
     decode_approx: int | None = None
     grid_images: int = 6
     progress: bool = True
+    # finished decode batches are saved here (None: nowhere); with resume=True, batches already
+    # there are read back instead of decoded again, so a stopped run goes on where it was
+    cache_dir: str | None = None
+    resume: bool = False
 
     def command(self) -> str:
         """The command line that reproduces this run."""
@@ -208,6 +214,8 @@ class EvalConfig:
         if self.decode_approx is not None:
             a += ["--decode-approx", str(self.decode_approx)]
         a += ["--perceptual", self.perceptual, "--out", str(self.out)]
+        if self.resume:
+            a += ["--resume"]
         if self.json_path:
             a += ["--json", str(self.json_path)]
         return shlex.join(a)
@@ -248,17 +256,62 @@ def _sync(device: str):
         torch.cuda.synchronize()
 
 
-def decode_all(model, lr: np.ndarray, opts: DecodeOptions, batch_size: int, bar=None) -> dict:
-    """Decode all inputs in batches. Seconds per image = summed batch wall time / images."""
-    images, stats, seconds = [], [], 0.0
-    for i in range(0, len(lr), batch_size):
-        r = decode(model, lr[i:i + batch_size], opts)
-        images.append(r.images)
-        stats += r.stats
-        seconds += r.seconds
-        if bar is not None:
-            bar.update(len(r.images))
-    return {"images": np.concatenate(images), "stats": stats, "seconds": seconds}
+class DecodeStore:
+    """Finished decode batches on disk, one .npz each, so that a long evaluation (hours on a CPU)
+    can be stopped and resumed. A batch's key is the hash of everything its output and timing
+    depend on: the weights file's sha256, the decode options, dtype, device, torch version and the
+    8x8 input bytes. Every batch keeps the sitting (process) that decoded it, so the report can say
+    when timings come from more than one."""
+
+    def __init__(self, root: str | Path | None, resume: bool, sitting: str):
+        self.root = Path(root).expanduser() if root else None
+        self.resume, self.sitting = resume, sitting
+        self.reused = 0
+        self.sittings: dict[str, int] = {}
+
+    def key(self, weights_sha: str, opts: DecodeOptions, dtype: str, device: str, lr: np.ndarray) -> str:
+        h = hashlib.sha256(json.dumps([weights_sha, repr(opts), dtype, device, torch.__version__,
+                                       list(lr.shape)]).encode())
+        h.update(np.ascontiguousarray(lr).tobytes())
+        return h.hexdigest()[:32]
+
+    def decode(self, model, lr: np.ndarray, opts: DecodeOptions, key: str) -> dict:
+        """One batch: read back from the store (resume) or decoded now and saved."""
+        path = None if self.root is None else self.root / f"{key}.npz"
+        if self.resume and path is not None and path.is_file():
+            try:
+                with np.load(path) as z:
+                    b = {"images": z["images"], "seconds": float(z["seconds"]), "sitting": str(z["sitting"]),
+                         "stats": [DecodeStats(int(c), [int(x) for x in h[:int(n)]], float(t))
+                                   for c, h, n, t in zip(z["calls"], z["hists"], z["hist_len"], z["image_seconds"])]}
+                self.reused += 1
+                self.sittings[b["sitting"]] = self.sittings.get(b["sitting"], 0) + 1
+                return b
+            except Exception:  # a torn or foreign file: decode the batch again
+                pass
+        r = decode(model, lr, opts)
+        b = {"images": r.images, "stats": r.stats, "seconds": r.seconds, "sitting": self.sitting}
+        self.sittings[self.sitting] = self.sittings.get(self.sitting, 0) + 1
+        if path is not None:
+            K = max(len(st.block_hist) for st in r.stats)
+            hists = np.zeros((len(r.stats), K), np.int64)
+            for i, st in enumerate(r.stats):
+                hists[i, :len(st.block_hist)] = st.block_hist
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.stem + ".tmp.npz")
+            np.savez(tmp, images=r.images, seconds=r.seconds, sitting=self.sitting,
+                     calls=np.array([st.calls for st in r.stats]), hists=hists,
+                     hist_len=np.array([len(st.block_hist) for st in r.stats]),
+                     image_seconds=np.array([st.seconds for st in r.stats]))
+            os.replace(tmp, path)  # atomic: a killed run never leaves half a batch behind
+        return b
+
+
+def join_batches(batches: list[dict]) -> dict:
+    """Per-batch decodes -> one run. Seconds per image = summed batch wall time / images."""
+    return {"images": np.concatenate([b["images"] for b in batches]),
+            "stats": [st for b in batches for st in b["stats"]],
+            "seconds": sum(b["seconds"] for b in batches)}
 
 
 @torch.no_grad()
@@ -470,18 +523,46 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     total = sum(n + sum(n_exact if m.options(k).is_exact else n_approx for k, m in jobs) for *_, jobs in plan)
     bar = tqdm(total=total, unit="img", disable=not cfg.progress, dynamic_ncols=True)
 
+    # Phase 1, the decodes, batch by batch: each batch of faces is decoded greedily and then in
+    # every mode before the next batch starts, so every speed ratio compares decodes made in the
+    # same minutes, also when a resumed run (--resume) spans several sittings.
+    sitting = (f"{platform.node()} pid {os.getpid()} {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
+               f" #{uuid.uuid4().hex[:6]}")
+    store = DecodeStore(cfg.cache_dir, cfg.resume, sitting)
+    models, runs = {}, {}
     for path, forced, card, jobs in plan:
         name = weights_name(path)
-        variant = forced or infer_variant(name, card.get("meta", {}))
         bar.set_description(f"{name}: loading")
         model = load_model(path, dtype=DTYPES[cfg.dtype], device=cfg.device)
         # warm-up (not timed): a short oracle decode runs every kernel the timed decodes will
         kw = max([k for k, _ in jobs], default=1)
         decode(model, lr[:1], DecodeOptions(k=kw, rule="oracle"))
+        models[name] = (model, card.get("sha256") or sha256_of(path))
+        runs[name] = {"greedy": []} | {(k, m): [] for k, m in jobs}
+    for i in range(0, n, cfg.batch_size):
+        for path, forced, card, jobs in plan:
+            name = weights_name(path)
+            model, sha = models[name]
+            todo = [("greedy", DecodeOptions(k=1), n)] + [
+                ((k, m), m.options(k), n_exact if m.options(k).is_exact else n_approx) for k, m in jobs]
+            for job, opts, nd in todo:
+                if i >= nd:  # this mode decodes only the first nd faces
+                    continue
+                bar.set_description(f"{name}: " + ("greedy" if job == "greedy" else f"k={job[0]} {job[1].name}"))
+                x = lr[i:min(i + cfg.batch_size, nd)]
+                runs[name][job].append(store.decode(model, x, opts, store.key(sha, opts, cfg.dtype, cfg.device, x)))
+                bar.update(len(x))
+    result["settings"]["decode_store"] = {"dir": cfg.cache_dir, "resume": cfg.resume,
+                                          "batches_reused": store.reused, "sittings": store.sittings}
+
+    # Phase 2: the rows, from the decodes (and the cheap measurements that need no decoding)
+    for path, forced, card, jobs in plan:
+        name = weights_name(path)
+        variant = forced or infer_variant(name, card.get("meta", {}))
+        model = models[name][0]
 
         # greedy with the KV cache first: the reference for speed, identity and quality
-        bar.set_description(f"{name}: greedy")
-        g = decode_all(model, lr, DecodeOptions(k=1), cfg.batch_size, bar)
+        g = join_batches(runs[name]["greedy"])
         grec = _decode_record(name, variant, Mode("greedy"), 1, g, None, real)
         grec.update(speedup_vs_greedy=1.0, call_reduction=1.0, cost_per_call_vs_greedy=1.0,
                     identical_to_greedy=1.0, tokens_identical_to_greedy=1.0)
@@ -526,9 +607,8 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
 
         # the blockwise decodes
         for k, m in jobs:
-            bar.set_description(f"{name}: k={k} {m.name}")
             nd = n_exact if m.options(k).is_exact else n_approx
-            r = decode_all(model, lr[:nd], m.options(k), cfg.batch_size, bar)
+            r = join_batches(runs[name][(k, m)])
             rec = _decode_record(name, variant, m, k, r, greedy, real)
             rec.update(quality(real[:nd], g["images"][:nd], r["images"], perceptual))
             if m.options(k).is_exact:
@@ -542,7 +622,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
 
         # bits/dim of the real faces, in fp32 so the score does not depend on --dtype
         bar.set_description(f"{name}: bits/dim")
-        del model
+        del model, models[name]
         model32 = load_model(path, dtype=torch.float32, device=cfg.device)
         from .train import bits_per_dim
         bpd = bits_per_dim(model32, real, batch_size=8, bf16=False, device=cfg.device)
@@ -883,6 +963,16 @@ def method_notes(result) -> list[str]:
         "grows with the prefix over the whole image, so a linear extrapolation of the first tokens would be "
         "too low (the row's notes give both).",
     ]
+    store = s.get("decode_store") or {}
+    if store.get("sittings"):
+        sit = store["sittings"]
+        notes.append(
+            "Decoding order: each batch of faces was decoded greedily and then in every mode before the next "
+            "batch, so greedy and blockwise timings of a batch come from the same minutes. "
+            + (f"This run resumed a stopped one: {store['batches_reused']} of {sum(sit.values())} batches were "
+               f"read back from `{store['dir']}`; the batches came from {len(sit)} sittings ("
+               + "; ".join(f"{k}: {v} batches" for k, v in sit.items()) + ")."
+               if len(sit) > 1 or store.get("batches_reused") else "All batches were decoded in this sitting."))
     replayed = [r for r in result["records"] if r.get("block_stats_from") == "replay"]
     if replayed:
         r0 = replayed[0]

@@ -82,16 +82,19 @@ def smoke(tiny_weights, celeba_npz, tmp_path_factory):
     """One small real run through the CLI: 2 test faces, k in {2, 4} (and 16, more heads than the
     tiny model has: skipped), greedy, exact and eps=2."""
     out = tmp_path_factory.mktemp("eval")
+    rc = _smoke_run(tiny_weights, celeba_npz, out, "--json", str(out / "sub" / "run.json"))
+    return rc, out, out / "sub" / "run.json"
+
+
+def _smoke_run(tiny_weights, celeba_npz, out, *more):
     threads = torch.get_num_threads()
     try:
-        rc = main(["evaluate", "--weights", f"{tiny_weights}:frozen", "--data", str(celeba_npz),
-                   "--limit", "2", "--k", "2,4,16", "--modes", "greedy,exact,eps=2", "--batch-size", "2",
-                   "--threads", "1", "--uncached-prefix", "16", "--decode-exact", "1", "--decode-approx", "1",
-                   "--out", str(out),
-                   "--json", str(out / "sub" / "run.json"), "--quiet"])
+        return main(["evaluate", "--weights", f"{tiny_weights}:frozen", "--data", str(celeba_npz),
+                     "--limit", "2", "--k", "2,4,16", "--modes", "greedy,exact,eps=2", "--batch-size", "2",
+                     "--threads", "1", "--uncached-prefix", "16", "--decode-exact", "1", "--decode-approx", "1",
+                     "--out", str(out), "--cache-dir", str(out / "store"), "--quiet", *more])
     finally:
         torch.set_num_threads(threads)
-    return rc, out, out / "sub" / "run.json"
 
 
 def _strict(path):
@@ -176,3 +179,30 @@ def test_smoke_files(smoke):
         assert text in report, text
     assert "mean_block_vs_k.png" in report and "grid_tiny-random.png" in report
     assert r["command"] in Path(files["headline"]).read_text()
+
+
+def test_resume_reads_back_the_saved_batches(smoke, tiny_weights, celeba_npz, tmp_path):
+    """A resumed run decodes nothing its store already holds, gives the same rows, says so in the
+    report, and decodes again a batch whose file is torn."""
+    rc, out, js = smoke
+    first = _strict(js)
+    stored = sorted((out / "store").glob("*.npz"))
+    # greedy (2 faces, one batch), exact k=2,4 and eps=2 k=2,4 (1 face each)
+    assert len(stored) == 5 and first["settings"]["decode_store"]["batches_reused"] == 0
+    store = tmp_path / "store"
+    store.mkdir()
+    for f in stored:
+        (store / f.name).write_bytes(f.read_bytes())
+    (store / stored[0].name).write_bytes(b"torn")  # a batch killed half-written: decoded again
+    resumed = tmp_path / "resumed"
+    assert _smoke_run(tiny_weights, celeba_npz, resumed, "--cache-dir", str(store), "--resume") == 0
+    second = _strict(resumed / "results.json")
+    ds = second["settings"]["decode_store"]
+    assert ds["resume"] is True and ds["batches_reused"] == 4 and sum(ds["sittings"].values()) == 5
+    assert len(ds["sittings"]) == 2  # the first run's sitting and this one
+    keep = ("mean_block", "block_hist", "calls_per_image", "identical_to_greedy", "psnr_vs_real", "ssim_vs_real")
+    for a, b in zip(first["records"], second["records"]):
+        assert (a["mode"], a["k"]) == (b["mode"], b["k"])
+        assert {f: a[f] for f in keep} == {f: b[f] for f in keep}
+    assert "4 of 5 batches were read back" in (resumed / "report.md").read_text()
+    assert "--resume" in second["command"]
