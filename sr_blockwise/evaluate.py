@@ -3,7 +3,8 @@ the held-out test split, written as JSON, a Markdown report beside the paper's T
 an image grid.
 
 The paper's lesson is that block size is not speed and speed is not quality, so one run measures
-all three on the same images, the same machine and the same process:
+all three on the same images, the same machine and the same process (a resumed run: the same
+sitting for each batch of faces, see DecodeStore):
 - block size: mean accepted block (tokens per decoding step, Table 2's measure), model calls;
 - speed: seconds per image and speedup over greedy decoding with a KV cache, run first, in the
   same run (and over greedy without a cache, as the paper's reference code runs);
@@ -22,6 +23,7 @@ import platform
 import shlex
 import time
 import uuid
+import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,6 +37,11 @@ from .checkpoints import load_model, read_card, resolve, sha256_of
 from .data import DEFAULT_DATA, downsample_8, enlarge, load_faces, to_tokens
 from .decoding import DecodeOptions, DecodeStats, decode, exact_block_stats, greedy_uncached
 from .model import SEQ_LEN
+
+STORE_VERSION = 1  # layout of a DecodeStore batch file
+# the code a stored batch's output and timing depend on: a change to it invalidates the store
+CODE_VERSION = hashlib.sha256(b"".join((Path(__file__).parent / f).read_bytes()
+                                       for f in ("decoding.py", "model.py"))).hexdigest()[:16]
 
 SCHEMA = "sr-blockwise-evaluate"
 SCHEMA_VERSION = 2  # 2: exact rows may take block statistics from the replay
@@ -214,6 +221,7 @@ class EvalConfig:
         if self.decode_approx is not None:
             a += ["--decode-approx", str(self.decode_approx)]
         a += ["--perceptual", self.perceptual, "--out", str(self.out)]
+        a += ["--cache-dir", str(self.cache_dir) if self.cache_dir else "none"]
         if self.resume:
             a += ["--resume"]
         if self.json_path:
@@ -259,9 +267,10 @@ def _sync(device: str):
 class DecodeStore:
     """Finished decode batches on disk, one .npz each, so that a long evaluation (hours on a CPU)
     can be stopped and resumed. A batch's key is the hash of everything its output and timing
-    depend on: the weights file's sha256, the decode options, dtype, device, torch version and the
-    8x8 input bytes. Every batch keeps the sitting (process) that decoded it, so the report can say
-    when timings come from more than one."""
+    depend on: the store format, the decoding code (CODE_VERSION), the weights file's sha256, the
+    row (job) and its decode options, dtype, device, torch version and threads, and the 8x8 input
+    bytes. Every batch keeps the sitting (process) that decoded it, so the report can say when
+    timings come from more than one."""
 
     def __init__(self, root: str | Path | None, resume: bool, sitting: str):
         self.root = Path(root).expanduser() if root else None
@@ -269,41 +278,51 @@ class DecodeStore:
         self.reused = 0
         self.sittings: dict[str, int] = {}
 
-    def key(self, weights_sha: str, opts: DecodeOptions, dtype: str, device: str, lr: np.ndarray) -> str:
-        h = hashlib.sha256(json.dumps([weights_sha, repr(opts), dtype, device, torch.__version__,
-                                       list(lr.shape)]).encode())
+    def key(self, weights_sha: str, job: str, opts: DecodeOptions, dtype: str, device: str,
+            lr: np.ndarray) -> str:
+        h = hashlib.sha256(json.dumps([STORE_VERSION, CODE_VERSION, weights_sha, job, repr(opts), dtype, device,
+                                       torch.__version__, torch.get_num_threads(), list(lr.shape)]).encode())
         h.update(np.ascontiguousarray(lr).tobytes())
         return h.hexdigest()[:32]
 
-    def decode(self, model, lr: np.ndarray, opts: DecodeOptions, key: str) -> dict:
-        """One batch: read back from the store (resume) or decoded now and saved."""
-        path = None if self.root is None else self.root / f"{key}.npz"
-        if self.resume and path is not None and path.is_file():
+    def load_group(self, keys: list[str]) -> list[dict] | None:
+        """All the batches of one (faces, weights) group, or None unless every one is stored and
+        readable: a group is decoded whole in one sitting, so its speed ratios compare the same
+        minutes (a run stopped halfway through a group decodes the group again)."""
+        if not (self.resume and self.root is not None):
+            return None
+        group = []
+        for key in keys:
             try:
-                with np.load(path) as z:
-                    b = {"images": z["images"], "seconds": float(z["seconds"]), "sitting": str(z["sitting"]),
-                         "stats": [DecodeStats(int(c), [int(x) for x in h[:int(n)]], float(t))
-                                   for c, h, n, t in zip(z["calls"], z["hists"], z["hist_len"], z["image_seconds"])]}
-                self.reused += 1
-                self.sittings[b["sitting"]] = self.sittings.get(b["sitting"], 0) + 1
-                return b
-            except Exception:  # a torn or foreign file: decode the batch again
-                pass
+                with np.load(self.root / f"{key}.npz") as z:
+                    group.append({"images": z["images"], "seconds": float(z["seconds"]), "sitting": str(z["sitting"]),
+                                  "stats": [DecodeStats(int(c), [int(x) for x in h[:int(n)]], float(t))
+                                            for c, h, n, t in zip(z["calls"], z["hists"], z["hist_len"],
+                                                                  z["image_seconds"])]})
+            except (OSError, KeyError, ValueError, zipfile.BadZipFile):  # missing, torn or foreign
+                return None
+        self.reused += len(group)
+        for b in group:
+            self.sittings[b["sitting"]] = self.sittings.get(b["sitting"], 0) + 1
+        return group
+
+    def decode(self, model, lr: np.ndarray, opts: DecodeOptions, key: str) -> dict:
+        """Decode one batch now and save it."""
         r = decode(model, lr, opts)
         b = {"images": r.images, "stats": r.stats, "seconds": r.seconds, "sitting": self.sitting}
         self.sittings[self.sitting] = self.sittings.get(self.sitting, 0) + 1
-        if path is not None:
+        if self.root is not None:
             K = max(len(st.block_hist) for st in r.stats)
             hists = np.zeros((len(r.stats), K), np.int64)
             for i, st in enumerate(r.stats):
                 hists[i, :len(st.block_hist)] = st.block_hist
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.stem + ".tmp.npz")
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f"{key}.{os.getpid()}.tmp.npz"
             np.savez(tmp, images=r.images, seconds=r.seconds, sitting=self.sitting,
                      calls=np.array([st.calls for st in r.stats]), hists=hists,
                      hist_len=np.array([len(st.block_hist) for st in r.stats]),
                      image_seconds=np.array([st.seconds for st in r.stats]))
-            os.replace(tmp, path)  # atomic: a killed run never leaves half a batch behind
+            os.replace(tmp, self.root / f"{key}.npz")  # atomic: a killed run never leaves half a batch
         return b
 
 
@@ -543,14 +562,17 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         for path, forced, card, jobs in plan:
             name = weights_name(path)
             model, sha = models[name]
-            todo = [("greedy", DecodeOptions(k=1), n)] + [
-                ((k, m), m.options(k), n_exact if m.options(k).is_exact else n_approx) for k, m in jobs]
-            for job, opts, nd in todo:
-                if i >= nd:  # this mode decodes only the first nd faces
-                    continue
-                bar.set_description(f"{name}: " + ("greedy" if job == "greedy" else f"k={job[0]} {job[1].name}"))
-                x = lr[i:min(i + cfg.batch_size, nd)]
-                runs[name][job].append(store.decode(model, x, opts, store.key(sha, opts, cfg.dtype, cfg.device, x)))
+            todo = [("greedy", "greedy", DecodeOptions(k=1), n)] + [
+                ((k, m), f"k={k} {m.name}", m.options(k), n_exact if m.options(k).is_exact else n_approx)
+                for k, m in jobs]
+            # modes limited by --decode-exact / --decode-approx decode only their first nd faces
+            todo = [(job, label, opts, lr[i:min(i + cfg.batch_size, nd)]) for job, label, opts, nd in todo if i < nd]
+            keys = [store.key(sha, label, opts, cfg.dtype, cfg.device, x) for _, label, opts, x in todo]
+            group = store.load_group(keys)
+            for j, ((job, label, opts, x), key) in enumerate(zip(todo, keys)):
+                if group is None:
+                    bar.set_description(f"{name}: {label}")
+                runs[name][job].append(group[j] if group is not None else store.decode(model, x, opts, key))
                 bar.update(len(x))
     result["settings"]["decode_store"] = {"dir": cfg.cache_dir, "resume": cfg.resume,
                                           "batches_reused": store.reused, "sittings": store.sittings}
@@ -687,7 +709,8 @@ def evaluate(cfg: EvalConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     files = {"json": str(Path(cfg.json_path) if cfg.json_path else out / "results.json")}
-    # the JSON is rewritten after every row ("complete": false) until the run ends
+    # the JSON is rewritten after every row ("complete": false) until the run ends; the rows come
+    # after all decoding, and until then the decoded batches are in cfg.cache_dir
     result, samples = run_evaluation(cfg, on_progress=lambda r: write_json(r, Path(files["json"])))
     files.update(write_all(result, samples, out))
     result["files"] = files

@@ -181,28 +181,59 @@ def test_smoke_files(smoke):
     assert r["command"] in Path(files["headline"]).read_text()
 
 
-def test_resume_reads_back_the_saved_batches(smoke, tiny_weights, celeba_npz, tmp_path):
-    """A resumed run decodes nothing its store already holds, gives the same rows, says so in the
-    report, and decodes again a batch whose file is torn."""
-    rc, out, js = smoke
-    first = _strict(js)
-    stored = sorted((out / "store").glob("*.npz"))
-    # greedy (2 faces, one batch), exact k=2,4 and eps=2 k=2,4 (1 face each)
-    assert len(stored) == 5 and first["settings"]["decode_store"]["batches_reused"] == 0
+def test_resume_reads_back_whole_saved_groups(tiny_weights, celeba_npz, tmp_path):
+    """4 faces in batches of 2. A resumed run reads back every (batch, weights) group whose files
+    are all there, with their timings, and decodes again, whole, a group with a torn file; a run
+    without --resume decodes everything."""
+    args = ("--limit", "4", "--decode-approx", "4", "--decode-exact", "2", "--perceptual", "none")
     store = tmp_path / "store"
-    store.mkdir()
-    for f in stored:
-        (store / f.name).write_bytes(f.read_bytes())
-    (store / stored[0].name).write_bytes(b"torn")  # a batch killed half-written: decoded again
-    resumed = tmp_path / "resumed"
-    assert _smoke_run(tiny_weights, celeba_npz, resumed, "--cache-dir", str(store), "--resume") == 0
-    second = _strict(resumed / "results.json")
-    ds = second["settings"]["decode_store"]
-    assert ds["resume"] is True and ds["batches_reused"] == 4 and sum(ds["sittings"].values()) == 5
-    assert len(ds["sittings"]) == 2  # the first run's sitting and this one
-    keep = ("mean_block", "block_hist", "calls_per_image", "identical_to_greedy", "psnr_vs_real", "ssim_vs_real")
-    for a, b in zip(first["records"], second["records"]):
-        assert (a["mode"], a["k"]) == (b["mode"], b["k"])
-        assert {f: a[f] for f in keep} == {f: b[f] for f in keep}
-    assert "4 of 5 batches were read back" in (resumed / "report.md").read_text()
-    assert "--resume" in second["command"]
+    assert _smoke_run(tiny_weights, celeba_npz, tmp_path / "a", "--cache-dir", str(store), *args) == 0
+    first = _strict(tmp_path / "a" / "results.json")
+    files = sorted(store.glob("*.npz"), key=lambda f: f.stat().st_mtime_ns)
+    # faces 0-1: greedy, exact k=2,4, eps=2 k=2,4; faces 2-3: greedy, eps=2 k=2,4
+    assert len(files) == 8 and first["settings"]["decode_store"]["batches_reused"] == 0
+
+    def rows(r):
+        return {(x["mode"], x["k"]): x for x in r["records"] if x["method"] in ("greedy", "blockwise")}
+
+    # all there: everything read back, timings included
+    assert _smoke_run(tiny_weights, celeba_npz, tmp_path / "b", "--cache-dir", str(store), "--resume", *args) == 0
+    second = _strict(tmp_path / "b" / "results.json")
+    assert second["settings"]["decode_store"]["batches_reused"] == 8
+    for key, x in rows(first).items():
+        y = rows(second)[key]
+        for f in ("seconds_per_image", "mean_block", "block_hist", "calls_per_image", "identical_to_greedy",
+                  "psnr_vs_real"):
+            assert x[f] == y[f], (key, f)
+    assert "--resume" in second["command"] and f"--cache-dir {store}" in second["command"]
+
+    # the last file written belongs to faces 2-3: that group is decoded again, all 3 of its batches
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    for f in files:
+        (torn / f.name).write_bytes(f.read_bytes())
+    (torn / files[-1].name).write_bytes(b"torn")
+    assert _smoke_run(tiny_weights, celeba_npz, tmp_path / "c", "--cache-dir", str(torn), "--resume", *args) == 0
+    third = _strict(tmp_path / "c" / "results.json")
+    ds = third["settings"]["decode_store"]
+    assert ds["batches_reused"] == 5 and sorted(ds["sittings"].values()) == [3, 5]
+    for key, x in rows(first).items():
+        assert x["block_hist"] == rows(third)[key]["block_hist"]
+    assert "5 of 8 batches were read back" in (tmp_path / "c" / "report.md").read_text()
+
+    # without --resume nothing is read back
+    assert _smoke_run(tiny_weights, celeba_npz, tmp_path / "d", "--cache-dir", str(store), *args) == 0
+    assert _strict(tmp_path / "d" / "results.json")["settings"]["decode_store"]["batches_reused"] == 0
+
+
+def test_store_keys_tell_rows_apart():
+    """k=1 exact decodes with the same options as greedy, but is its own row: its own batch file."""
+    store = ev.DecodeStore(None, True, "test")
+    lr = np.zeros((2, 8, 8, 3), np.uint8)
+    opts = ev.Mode("exact").options(1)
+    assert opts == ev.DecodeOptions(k=1)
+    a = store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr)
+    assert a != store.key("sha", "k=1 exact", opts, "bf16", "cpu", lr)
+    assert a != store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr + 1)
+    assert a != store.key("other", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr)
+    assert a == store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr.copy())
