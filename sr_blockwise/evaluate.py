@@ -1019,8 +1019,41 @@ def method_notes(result) -> list[str]:
     return notes
 
 
+def summary_markdown(result) -> str:
+    """One row per (weights, mode, k): block size beside the paper's, how many faces gave the
+    blocks and how many were decoded, speed against greedy, quality against the real face, and
+    identity to greedy. Exact rows that match greedy on every decoded face show "= greedy" for
+    quality, since their outputs are greedy's (their decoded subset would only add noise)."""
+    p = (result["settings"]["perceptual"] or {}).get("kind", "perceptual").upper().replace("STLPIPS", "ST-LPIPS")
+    head = ["weights", "mode", "k", "mean block (paper)", "faces: blocks / decoded", "s/image", "vs greedy",
+            "PSNR", "SSIM", p, "identical to greedy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["records"]:
+        if r["method"] == "greedy-uncached":
+            continue
+        if r["method"] == "bicubic":
+            lines.append("| " + " | ".join(["—", "bicubic", "—", "—", str(r["n_images"]), "—", "—",
+                                            _fmt(r["psnr_vs_real"]), _fmt(r["ssim_vs_real"], 3),
+                                            _fmt(r["perceptual_vs_real"], 3), "—"]) + " |")
+            continue
+        paper = r["paper_mean_block"]
+        block = _fmt(r["mean_block"]) + (f" ({paper:.2f})" if paper is not None else "")
+        ident, same_as_greedy = "—", False
+        if r["method"] == "blockwise" and r["identical_to_greedy"] is not None and r["exact_by_construction"]:
+            n = r["n_images_decoded"]
+            ident = f"{round(r['identical_to_greedy'] * n)}/{n}"
+            same_as_greedy = r["identical_to_greedy"] == 1.0
+        quality = (["= greedy"] * 3 if same_as_greedy else
+                   [_fmt(r["psnr_vs_real"]), _fmt(r["ssim_vs_real"], 3), _fmt(r["perceptual_vs_real"], 3)])
+        lines.append("| " + " | ".join([r["weights"], r["mode"], str(r["k"]), block,
+                                        f"{r['n_images']} / {r['n_images_decoded']}",
+                                        _fmt(r["seconds_per_image"]), _fmt(r["speedup_vs_greedy"]) + "x",
+                                        *quality, ident]) + " |")
+    return "\n".join(lines)
+
+
 def headline_markdown(result, files) -> str:
-    """The headline table and plot, with command, date and machine: for the README."""
+    """The headline tables and plot, with command, date and machine: for the README."""
     m = result["machine"]
     pk = result["summary"]["peak_speedup_vs_greedy"]
     pu = result["summary"]["peak_speedup_vs_uncached_greedy"]
@@ -1029,6 +1062,8 @@ def headline_markdown(result, files) -> str:
     return "\n\n".join([
         "Mean accepted block size on the held-out test split, ours (paper's Table 2):",
         table2_markdown(result), peak,
+        "Every row: block size, speed and quality from the same run:",
+        summary_markdown(result),
         f"![speedup vs k]({Path(files['plot_speedup']).name})",
         f"Command: `{result['command']}`; {result['created']}; {m['cpu']}"
         + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch threads: {m['torch_threads']}, "

@@ -178,7 +178,20 @@ def test_smoke_files(smoke):
                  else "LPIPS", "differ from the paper", r["command"]):
         assert text in report, text
     assert "mean_block_vs_k.png" in report and "grid_tiny-random.png" in report
-    assert r["command"] in Path(files["headline"]).read_text()
+    headline = Path(files["headline"]).read_text()
+    assert r["command"] in headline
+    # the one-table summary: an exact row that matched greedy on its decoded faces shows greedy's
+    # quality; an eps row shows its own
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]): line for line in headline.splitlines()
+            if line.startswith("| tiny-random |")}
+    for x in r["records"]:
+        if x["method"] == "blockwise":
+            line = rows[(x["weights"], x["mode"], str(x["k"]))]
+            if x["mode"] == "exact":
+                n = x["n_images_decoded"]
+                assert f"= greedy | {round(x['identical_to_greedy'] * n)}/{n} |" in line
+            else:
+                assert "= greedy" not in line and f"| {x['psnr_vs_real']:.2f} |" in line
 
 
 def test_resume_reads_back_whole_saved_groups(tiny_weights, celeba_npz, tmp_path):
