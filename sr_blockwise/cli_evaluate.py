@@ -22,6 +22,9 @@ def register(subparsers) -> None:
                                                "(default: the project data; its held-out test split)")
     p.add_argument("-n", "--n-images", type=int, default=500, help="test faces to decode")
     p.add_argument("--limit", type=int, default=None, help="at most N faces (smoke tests)")
+    p.add_argument("--first", type=int, default=0,
+                   help="skip the first N test faces: a run in parts, e.g. --first 0 -n 256 and --first 256 "
+                        "-n 244 in two sittings, then --merge")
     p.add_argument("--k", default="2,4,6,8,10", help="block sizes, comma separated")
     p.add_argument("--modes", default="exact,eps=2",
                    help="comma separated: greedy, exact, eps=E, top-k=N, min-block=N, oracle "
@@ -52,6 +55,10 @@ def register(subparsers) -> None:
                    help="read back the batches a stopped run with the same settings already decoded "
                         "(found in --cache-dir) instead of decoding them again; the report says how many "
                         "batches came from earlier sittings")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="decode nothing: merge finished runs' results.json files (same settings; different "
+                        "weights, or the same weights over adjacent --first ranges) into one report, plots and "
+                        "JSON under --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -59,20 +66,32 @@ def register(subparsers) -> None:
 def run(a) -> int:
     from .evaluate import EvalConfig, evaluate, parse_list
 
+    if a.merge:
+        from .evaluate import merge
+        command = " ".join(["sr-blockwise", "evaluate", "--merge", *map(str, a.merge), "--out", str(a.out)]
+                           + (["--json", str(a.json)] if a.json else []))
+        result = merge(a.merge, a.out, json_path=a.json, command=command)
+        return _report(result)
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
     if a.resume and a.cache_dir.lower() == "none":
         raise ValueError("--resume reads the batches saved in --cache-dir: give one, not 'none'")
     if a.n_images < 1:
         raise ValueError(f"--n-images must be >= 1, got {a.n_images}")
-    cfg = EvalConfig(weights=a.weights, data=a.data, n_images=a.n_images, limit=a.limit,
+    if a.first < 0:
+        raise ValueError(f"--first must be >= 0, got {a.first}")
+    cfg = EvalConfig(weights=a.weights, data=a.data, n_images=a.n_images, limit=a.limit, first=a.first,
                      ks=parse_list(a.k, int), modes=parse_list(a.modes), batch_size=a.batch_size,
                      dtype=a.dtype, device=a.device, threads=a.threads, out=a.out, json_path=a.json,
                      perceptual=a.perceptual, uncached_prefix=a.uncached_prefix,
                      decode_exact=a.decode_exact, decode_approx=a.decode_approx,
                      grid_images=a.grid_images, progress=not a.quiet,
                      cache_dir=None if a.cache_dir.lower() == "none" else a.cache_dir, resume=a.resume)
-    result = evaluate(cfg)
+    return _report(evaluate(cfg))
+
+
+def _report(result) -> int:
+    """Print where the files went and the headline; exit code 1 if exact mode was not exact."""
     files = result["files"]
     print(f"wrote {files['json']}, {files['report']}")
     sm = result["summary"]

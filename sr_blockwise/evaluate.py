@@ -182,6 +182,7 @@ class EvalConfig:
     data: str | None = None  # default: the project's data (SR_BLOCKWISE_DATA), held-out test split
     n_images: int = 500
     limit: int | None = None  # smoke tests: at most this many images
+    first: int = 0  # skip this many test faces: a run in parts (merged with --merge)
     ks: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
     modes: list[str] = field(default_factory=lambda: ["exact", "eps=2"])
     batch_size: int = 1  # the paper's Figure 4 is at batch 1
@@ -209,6 +210,8 @@ class EvalConfig:
         a = ["sr-blockwise", "evaluate", "--weights", *self.weights]
         if self.data:
             a += ["--data", str(self.data)]
+        if self.first:
+            a += ["--first", str(self.first)]
         a += ["--n-images", str(self.n_images)]
         if self.limit is not None:
             a += ["--limit", str(self.limit)]
@@ -220,6 +223,7 @@ class EvalConfig:
             a += ["--decode-exact", str(self.decode_exact)]
         if self.decode_approx is not None:
             a += ["--decode-approx", str(self.decode_approx)]
+        a += ["--uncached-prefix", str(self.uncached_prefix)]
         a += ["--perceptual", self.perceptual, "--out", str(self.out)]
         a += ["--cache-dir", str(self.cache_dir) if self.cache_dir else "none"]
         if self.resume:
@@ -477,10 +481,13 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     # the held-out test split (a folder of photos without split labels: everything)
     data_path = Path(cfg.data) if cfg.data else DEFAULT_DATA / "celeba32.npz"
     faces = load_faces(data_path, progress=cfg.progress).part("test")
-    n = min(cfg.n_images, cfg.limit if cfg.limit is not None else cfg.n_images, len(faces))
+    first = cfg.first
+    if not 0 <= first < len(faces):
+        raise ValueError(f"--first {first}: the test split of {data_path} has {len(faces)} faces (0..{len(faces) - 1})")
+    n = min(cfg.n_images, cfg.limit if cfg.limit is not None else cfg.n_images, len(faces) - first)
     if n < 1:
         raise ValueError(f"{data_path}: no test images to evaluate")
-    real = faces.images[:n]
+    real = faces.images[first:first + n]
     lr = downsample_8(real)
 
     perceptual = None if cfg.perceptual == "none" else metrics.Perceptual(cfg.perceptual, cfg.device)
@@ -488,8 +495,8 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     result = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "complete": False,
         "created": None, "command": cfg.command(), "machine": machine_info(cfg.device),
-        "data": {"path": str(data_path), "split": "test", "n_images": n, "split_size": len(faces),
-                 "first_images": faces.names[:3]},
+        "data": {"path": str(data_path), "split": "test", "first": first, "n_images": n,
+                 "split_size": len(faces), "first_images": faces.names[first:first + 3]},
         "settings": {"ks": ks, "modes": [m.name for m in modes], "batch_size": cfg.batch_size,
                      "dtype": cfg.dtype, "device": cfg.device, "psnr": dict(metrics.PSNR_SETTINGS),
                      "ssim": dict(metrics.SSIM_SETTINGS),
@@ -718,6 +725,193 @@ def evaluate(cfg: EvalConfig) -> dict:
     return result
 
 
+# ---------------------------------------------------------------- merging runs
+
+# settings that must agree for rows of different runs to stand in one table
+MERGE_SAME_SETTINGS = ("ks", "modes", "batch_size", "dtype", "device", "psnr", "ssim", "perceptual",
+                       "uncached_prefix_tokens", "decode_exact", "decode_approx")
+# record fields that say what a row is: the same in every part of it
+ROW_IDENTITY = ("weights", "variant", "method", "mode", "k", "rule", "eps", "top_k", "min_block",
+                "exact_by_construction", "paper_mean_block", "timing")
+
+
+def _faces(r) -> tuple[int, int]:
+    """A result's test faces as [first, first + n) (results before --first started at 0)."""
+    a = r["data"].get("first", 0)
+    return a, a + r["data"]["n_images"]
+
+
+def _mean(recs, field, weight):
+    """Mean of a per-image mean over parts, weighted by each part's images; None if a part has none
+    (an infinite PSNR is written as null: the pooled mean is infinite too)."""
+    vals = [(r[field], r[weight]) for r in recs]
+    if any(v is None for v, _ in vals):
+        return None
+    return sum(v * w for v, w in vals) / sum(w for _, w in vals)
+
+
+def pool_records(parts: list[dict]) -> dict:
+    """One row from the same row of runs over disjoint faces. Counts and block histograms add up;
+    per-image means are weighted by the images they cover (timing, identity and quality by the
+    decoded images, calls by all); ratios to greedy are recomputed from the pooled figures (by
+    `_relate`)."""
+    rec = dict(parts[0])
+    for f in ROW_IDENTITY:
+        if any(p[f] != rec[f] for p in parts):
+            raise ValueError(f"row {rec['weights']} {rec['mode']} k={rec['k']}: {f} differs between the runs")
+    decoded = "n_images_decoded" if rec["n_images_decoded"] is not None else "n_images"
+    rec["n_images"] = sum(p["n_images"] for p in parts)
+    if rec["n_images_decoded"] is not None:
+        rec["n_images_decoded"] = sum(p["n_images_decoded"] for p in parts)
+    if rec["block_hist"] is not None:
+        K = max(len(p["block_hist"]) for p in parts)
+        hist = np.zeros(K, dtype=np.int64)
+        for p in parts:
+            hist[:len(p["block_hist"])] += p["block_hist"]
+        rec["block_hist"] = hist.tolist()
+        rec["mean_block"] = SEQ_LEN * rec["n_images"] / int(hist.sum())
+    if any(p["block_stats_from"] == "replay" for p in parts):
+        rec["block_stats_from"] = "replay"
+    rec["calls_per_image"] = _mean(parts, "calls_per_image", "n_images")  # bits/dim: set by the caller
+    for f in ("seconds_per_image", "identical_to_greedy", "tokens_identical_to_greedy", "replay_matches_decoded",
+              "psnr_vs_real", "ssim_vs_real", "perceptual_vs_real", "psnr_vs_exact", "ssim_vs_exact",
+              "perceptual_vs_exact"):
+        rec[f] = _mean(parts, f, decoded)
+    rec["notes"] = list(dict.fromkeys(x for p in parts for x in p["notes"]))
+    return rec
+
+
+def _relate(rows: list[dict]) -> None:
+    """Ratios to greedy (same weights) from pooled seconds and calls, as `run_evaluation` makes them."""
+    g = next(r for r in rows if r["method"] == "greedy")
+    u = next((r for r in rows if r["method"] == "greedy-uncached"), None)
+    for r in rows:
+        if r["method"] == "greedy-uncached":
+            r.update(speedup_vs_greedy=g["seconds_per_image"] / r["seconds_per_image"], speedup_vs_uncached_greedy=1.0,
+                     cost_per_call_vs_greedy=(r["seconds_per_image"] / SEQ_LEN)
+                     / (g["seconds_per_image"] / g["calls_per_image"]))
+            continue
+        r.update(speedup_vs_greedy=g["seconds_per_image"] / r["seconds_per_image"],
+                 call_reduction=g["calls_per_image"] / r["calls_per_image"],
+                 cost_per_call_vs_greedy=(r["seconds_per_image"] / r["calls_per_image"])
+                 / (g["seconds_per_image"] / g["calls_per_image"]))
+        if u is not None:
+            r["speedup_vs_uncached_greedy"] = u["seconds_per_image"] / r["seconds_per_image"]
+
+
+def merge_results(results: list[dict], command: str) -> dict:
+    """One result from finished runs with the same settings: runs of different weights, and runs
+    of the same weights over disjoint, adjacent ranges of test faces (`--first`). Why: 500 faces
+    with every k and mode take this 2-core machine 1.5-2.5 hours per weights, a sitting is 3 hours,
+    and the decode store in ~/.cache does not outlive a sitting here. Every row's speedup is
+    pooled from its own weights' greedy, decoded batch by batch beside it; `runs` lists each run's
+    faces, weights, command, date and machine."""
+    if len(results) < 2:
+        raise ValueError("--merge needs at least two results.json files")
+    first = results[0]
+    by_weights: dict[str, list] = {}
+    for i, r in enumerate(results):
+        where = r.get("_path", f"result {i + 1}")
+        if r.get("schema") != SCHEMA or r.get("schema_version") != first.get("schema_version"):
+            raise ValueError(f"{where}: not an sr-blockwise evaluate result of schema version "
+                             f"{first.get('schema_version')} (got {r.get('schema')!r} {r.get('schema_version')!r})")
+        if not r.get("complete"):
+            raise ValueError(f"{where}: the run did not finish (complete: false); finish it with --resume first")
+        for key in ("path", "split", "split_size"):  # the path by its file name: runs on other machines
+            if (Path(r["data"][key]).name if key == "path" else r["data"][key]) != (
+                    Path(first["data"][key]).name if key == "path" else first["data"][key]):
+                raise ValueError(f"{where}: other data than the first result's: data.{key} is "
+                                 f"{r['data'][key]!r}, not {first['data'][key]!r}")
+        for key in MERGE_SAME_SETTINGS:
+            if r["settings"].get(key) != first["settings"].get(key):
+                raise ValueError(f"{where}: settings.{key} is {r['settings'].get(key)!r}, not "
+                                 f"{first['settings'].get(key)!r} as in the first result: rows would not compare")
+        for w in r["weights"]:
+            by_weights.setdefault(w["name"], []).append((_faces(r), r, w))
+    # every weights: its runs' faces side by side, from face 0, all weights up to the same face
+    ends = set()
+    for name, parts in by_weights.items():
+        parts.sort(key=lambda p: p[0])
+        at = 0
+        for (a, b), r, _ in parts:
+            if a != at:
+                what = "overlap" if a < at else "leave a gap"
+                raise ValueError(f"{r.get('_path', 'a result')}: its faces {a}..{b - 1} of {name} {what} "
+                                 f"after faces 0..{at - 1} in the other results (each face of a weights once, "
+                                 "from face 0 on, no gaps)")
+            at = b
+        ends.add(at)
+    if len(ends) > 1:
+        raise ValueError(f"the weights cover different numbers of faces ({sorted(ends)}): merge the same faces "
+                         "for every weights")
+    N = ends.pop()
+
+    def rows(r, weights):
+        return [x for x in r["records"] if x["weights"] == weights]
+
+    # bicubic over the first weights' runs (they cover every face once)
+    lead = next(iter(by_weights.values()))
+    records = [pool_records([x for _, r, _ in lead for x in r["records"] if x["method"] == "bicubic"])]
+    weights_info = []
+    for name, parts in by_weights.items():
+        keys = [(x["mode"], x["k"]) for x in rows(parts[0][1], name)]
+        for (a, b), r, _ in parts[1:]:
+            if [(x["mode"], x["k"]) for x in rows(r, name)] != keys:
+                raise ValueError(f"{r.get('_path', 'a result')}: other rows for {name} than its first run's")
+        pooled = [pool_records([rows(r, name)[j] for _, r, _ in parts]) for j in range(len(keys))]
+        _relate(pooled)
+        records += pooled
+        w = dict(parts[0][2])
+        w["bits_per_dim"] = sum(p[2]["bits_per_dim"] * (p[0][1] - p[0][0]) for p in parts) / N
+        for x in pooled:
+            x["bits_per_dim"] = w["bits_per_dim"]
+        w["parts"] = [{"first": a, "n_images": b - a, "bits_per_dim": wi["bits_per_dim"],
+                       "uncached_timing": wi["uncached_timing"]} for (a, b), _, wi in parts]
+        weights_info.append(w)
+    at0 = next(r for (a, _), r, _ in lead if a == 0)
+    merged = {key: first[key] for key in ("schema", "schema_version", "paper")}
+    merged.update({
+        "complete": True, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command, "machine": first["machine"],
+        "data": {**at0["data"], "first": 0, "n_images": N,  # the parts' first names, in face order
+                 "first_images": [x for _, r, _ in lead for x in r["data"]["first_images"]][:3]},
+        "settings": {**first["settings"], "decode_store": None},
+        "runs": [{"command": r["command"], "created": r["created"], "machine": r["machine"],
+                  "weights": [w["name"] for w in r["weights"]], "first": _faces(r)[0],
+                  "n_images": r["data"]["n_images"], "decode_store": r["settings"].get("decode_store")}
+                 for r in results],
+        "weights": weights_info,
+        "skipped": list(dict.fromkeys(s for r in results for s in r["skipped"])),
+        "records": records,
+    })
+    merged["summary"] = summarize(merged)
+    return merged
+
+
+def merge(paths: list, out, json_path=None, command: str = "") -> dict:
+    """`evaluate --merge`: read the results, merge, and write the report, plots and JSON under
+    `out` (no image grids: a results.json holds no images)."""
+    results = []
+    for p in paths:
+        p = Path(p)
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: no such results file")
+        try:
+            r = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}: not JSON ({e})") from None
+        r["_path"] = str(p)
+        results.append(r)
+    result = merge_results(results, command)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"json": str(Path(json_path) if json_path else out / "results.json")}
+    files.update(write_all(result, {"models": {}}, out))
+    result["files"] = files
+    write_json(result, Path(files["json"]))
+    return result
+
+
 # ---------------------------------------------------------------- report, plots, grid
 
 def _fmt(x, nd=2):
@@ -917,14 +1111,20 @@ def differences(result) -> list[str]:
 def report_markdown(result, files) -> str:
     m, s, d = result["machine"], result["settings"], result["data"]
     perc = s["perceptual"]
-    machine = f"{m['cpu']} ({m['cpu_count']} cores, torch threads: {m['torch_threads']})" + (
-        f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}, device {m['device']}"
     sm = result["summary"]
+    if result.get("runs"):
+        produced = (f"Merged by `{result['command']}` on {result['created']} (UTC) from {len(result['runs'])} runs "
+                    "with the same settings (per weights, runs over adjacent ranges of faces are pooled); each "
+                    "row's speedup is against its weights' greedy, decoded batch by batch beside it:\n\n" + runs_markdown(result) + "\n\n")
+    else:
+        produced = (f"Produced by `{result['command']}` on {result['created']} (UTC).  \n"
+                    f"Machine: {_machine_text(m)}.  \n")
     parts = [
         "# Blockwise parallel decoding: evaluation",
-        f"Produced by `{result['command']}` on {result['created']} (UTC).  \n"
-        f"Machine: {machine}; load average {m['load_average_start']} -> {m['load_average_end']}.  \n"
-        f"Data: `{d['path']}`, held-out test split, first {d['n_images']} of {d['split_size']} faces. "
+        produced +
+        f"Data: `{d['path']}`, held-out test split, "
+        + (f"faces {d['first']}..{d['first'] + d['n_images'] - 1}" if d.get("first") else f"first {d['n_images']}")
+        + f" of {d['split_size']} faces. "
         f"Batch size {s['batch_size']}, {s['dtype']}.",
         "## Mean accepted block size (the paper's Table 2 layout)",
         "Ours, with the paper's Table 2 value (CelebA dev) in brackets where it has one.",
@@ -961,11 +1161,31 @@ def report_markdown(result, files) -> str:
         "\n".join(f"- {x}" for x in method_notes(result)),
         "## Image grid",
         "Columns: 8x8 input, bicubic, greedy, blockwise exact, blockwise approximate, real face.",
-        "\n\n".join(f"![grid {n}]({Path(p).name})" for n, p in files.items() if n.startswith("grid_")),
+        "\n\n".join(f"![grid {n}]({Path(p).name})" for n, p in files.items() if n.startswith("grid_"))
+        or "None here: a merged report has no images (the runs' own folders have their grids).",
     ]
     if result["skipped"]:
         parts += ["## Skipped", "\n".join(f"- {x}" for x in result["skipped"])]
     return "\n\n".join(parts) + "\n"
+
+
+def _machine_text(m) -> str:
+    return (f"{m['cpu']} ({m['cpu_count']} cores, torch threads: {m['torch_threads']})"
+            + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}, device {m['device']}; "
+            f"load average {m['load_average_start']} -> {m['load_average_end']}")
+
+
+def runs_markdown(result) -> str:
+    """A merged result's runs: which weights each measured, with its command, date and machine."""
+    lines = []
+    for r in result["runs"]:
+        st = r.get("decode_store") or {}
+        sit = st.get("sittings") or {}
+        lines.append(f"- {', '.join(r['weights'])}, faces {r['first']}..{r['first'] + r['n_images'] - 1}: "
+                     f"`{r['command']}`, finished {r['created']}; {_machine_text(r['machine'])}"
+                     + (f"; decoded in {len(sit)} sitting(s), {st.get('batches_reused', 0)} batches read back"
+                        if sit else "") + ".")
+    return "\n".join(lines)
 
 
 def method_notes(result) -> list[str]:
@@ -1005,7 +1225,9 @@ def method_notes(result) -> list[str]:
             "depends only on its prefix, bit for bit, never on the call it comes in (tested), so one "
             "teacher-forced pass of the decoder's own `step` over the greedy tokens yields every state "
             "exact decoding would see; walking the image with the heads' proposals gives its accepted blocks "
-            f"for every k. The first {r0['n_images_decoded']} faces were also decoded for real: their "
+            f"for every k. "
+            + (f"{r0['n_images_decoded']} faces (the first {s['decode_exact']} of each run) were" if result.get("runs")
+               else f"The first {r0['n_images_decoded']} faces were") + " also decoded for real: their "
             "seconds per image, identity to greedy and quality are the rows' ones, and the replay matched "
             "their blocks and calls on "
             + ", ".join(f"{100 * r['replay_matches_decoded']:.0f}%" for r in replayed) + " of them.")
@@ -1057,17 +1279,23 @@ def headline_markdown(result, files) -> str:
     m = result["machine"]
     pk = result["summary"]["peak_speedup_vs_greedy"]
     pu = result["summary"]["peak_speedup_vs_uncached_greedy"]
-    peak = (f"Peak wall-clock speedup {pk['speedup']:.2f}x over KV-cached greedy ({pk['mode']}, k={pk['k']}), "
+    peak = (f"Peak wall-clock speedup {pk['speedup']:.2f}x over KV-cached greedy ({pk['weights']}, {pk['mode']}, k={pk['k']}), "
             f"{pu['speedup']:.2f}x over greedy without a cache; the paper: 4.0x at k=6." if pk else "")
+    if result.get("runs"):
+        provenance = (f"{result['data']['n_images']} faces, batch {result['settings']['batch_size']}; "
+                      f"{len(result['runs'])} runs merged by `{result['command']}`:\n\n" + runs_markdown(result))
+        every_row = "Every row: block size, speed and quality; speed against greedy decoded beside it:"
+    else:
+        provenance = (f"Command: `{result['command']}`; {result['created']}; {m['cpu']}"
+                      + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch threads: {m['torch_threads']}, "
+                      f"batch {result['settings']['batch_size']}, {result['data']['n_images']} faces.")
+        every_row = "Every row: block size, speed and quality from the same run:"
     return "\n\n".join([
         "Mean accepted block size on the held-out test split, ours (paper's Table 2):",
-        table2_markdown(result), peak,
-        "Every row: block size, speed and quality from the same run:",
+        table2_markdown(result), peak, every_row,
         summary_markdown(result),
         f"![speedup vs k]({Path(files['plot_speedup']).name})",
-        f"Command: `{result['command']}`; {result['created']}; {m['cpu']}"
-        + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch threads: {m['torch_threads']}, "
-        f"batch {result['settings']['batch_size']}, {result['data']['n_images']} faces.",
+        provenance,
     ]) + "\n"
 
 

@@ -1,3 +1,4 @@
+import copy
 import json
 from pathlib import Path
 
@@ -192,6 +193,110 @@ def test_smoke_files(smoke):
                 assert f"= greedy | {round(x['identical_to_greedy'] * n)}/{n} |" in line
             else:
                 assert "= greedy" not in line and f"| {x['psnr_vs_real']:.2f} |" in line
+
+
+def test_merge_runs_of_different_weights(smoke, tmp_path, capsys):
+    """A run per weights, merged: one table with every weights' rows and bicubic once, each run's
+    command and machine listed; other faces, other settings, the same faces of a weights twice or
+    an unfinished run are refused with the reason and nothing is written."""
+    r = _strict(smoke[2])
+    other = copy.deepcopy(r)  # the same run, as if a second weights had made it
+    other["command"] = r["command"].replace("tiny-random", "tiny-copy")
+    for w in other["weights"]:
+        w["name"] = "tiny-copy"
+    for x in other["records"]:
+        if x["weights"]:
+            x["weights"] = "tiny-copy"
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(r))
+    b.write_text(json.dumps(other))
+    out = tmp_path / "merged"
+    assert main(["evaluate", "--merge", str(a), str(b), "--out", str(out)]) == 0
+    m = _strict(out / "results.json")
+    assert m["complete"] is True and m["data"] == r["data"] and "--merge" in m["command"]
+    assert [x["method"] for x in m["records"]].count("bicubic") == 1
+    rows = [(x["weights"], x["mode"], x["k"]) for x in m["records"] if x["weights"]]
+    assert rows == [(w, x["mode"], x["k"]) for w in ("tiny-random", "tiny-copy") for x in r["records"] if x["weights"]]
+    assert [run["weights"] for run in m["runs"]] == [["tiny-random"], ["tiny-copy"]]
+    assert [w["name"] for w in m["weights"]] == ["tiny-random", "tiny-copy"]
+    assert len(m["summary"]["exact_identical_to_greedy"]) == 2 * len(r["summary"]["exact_identical_to_greedy"])
+    headline = (out / "headline.md").read_text()
+    assert r["command"] in headline and other["command"] in headline and m["command"] in headline
+    assert "| tiny-copy | exact | 2 |" in headline and "| tiny-random | exact | 2 |" in headline
+    assert "no images" in (out / "report.md").read_text() and (out / "speedup_vs_k.png").is_file()
+
+    def refused(result, why):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(result))
+        dest = tmp_path / "refused"
+        assert main(["evaluate", "--merge", str(a), str(bad), "--out", str(dest)]) == 2
+        assert why in capsys.readouterr().err and not dest.exists()
+
+    refused(r, "overlap")
+    cases = [(("data", "n_images"), 3, "different numbers of faces"), (("settings", "ks"), [2], "settings.ks"),
+             (("data", "split_size"), 7, "data.split_size"), (("complete",), False, "did not finish")]
+    for (*path, key), value, why in cases:
+        x = copy.deepcopy(other)
+        target = x
+        for p in path:
+            target = target[p]
+        target[key] = value
+        refused(x, why)
+    assert main(["evaluate", "--merge", str(a), str(tmp_path / "nope.json"), "--out", str(out)]) == 2
+    assert "no such results file" in capsys.readouterr().err
+
+
+def test_merge_pools_runs_over_adjacent_faces(tiny_weights, celeba_npz, tmp_path, capsys):
+    """Faces 0..1 in one run, and as face 0 + face 1 (--first) merged: the same rows, the same
+    block histograms, calls, identity and quality (each face decodes alone, batch 1), pooled
+    timings; a gap between parts is refused."""
+    def run(out, *more):
+        threads = torch.get_num_threads()
+        try:
+            return main(["evaluate", "--weights", f"{tiny_weights}:frozen", "--data", str(celeba_npz),
+                         "--k", "2", "--modes", "exact,eps=2", "--batch-size", "1", "--threads", "1",
+                         "--uncached-prefix", "16", "--decode-exact", "1", "--out", str(tmp_path / out),
+                         "--cache-dir", str(tmp_path / "store"), "--quiet", *more])
+        finally:
+            torch.set_num_threads(threads)
+
+    assert run("whole", "-n", "2") == 0
+    assert run("a", "-n", "1") == 0
+    assert run("b", "--first", "1", "-n", "1") == 0
+    b = _strict(tmp_path / "b" / "results.json")
+    assert b["data"]["first"] == 1 and "--first 1" in b["command"]
+    assert main(["evaluate", "--merge", str(tmp_path / "b" / "results.json"), str(tmp_path / "a" / "results.json"),
+                 "--out", str(tmp_path / "merged")]) == 0
+    whole, m = _strict(tmp_path / "whole" / "results.json"), _strict(tmp_path / "merged" / "results.json")
+    assert m["data"]["n_images"] == 2 and m["data"]["first"] == 0
+    assert m["data"]["first_images"] == whole["data"]["first_images"]
+    assert [(r["first"], r["n_images"]) for r in m["runs"]] == [(1, 1), (0, 1)]
+    assert [(x["mode"], x["k"]) for x in m["records"]] == [(x["mode"], x["k"]) for x in whole["records"]]
+    for x, y in zip(m["records"], whole["records"]):
+        assert list(x) == list(ev.RECORD_FIELDS)
+        if x["method"] == "greedy-uncached":
+            continue
+        assert x["n_images"] == y["n_images"] and x["block_hist"] == y["block_hist"], x["mode"]
+        fields = ["mean_block", "calls_per_image", "bits_per_dim"]
+        if x["n_images_decoded"] == y["n_images_decoded"]:  # quality covers the decoded faces
+            fields += ["psnr_vs_real", "ssim_vs_real", "perceptual_vs_real", "identical_to_greedy"]
+        for f in fields:
+            assert (x[f] is None) == (y[f] is None), (x["mode"], f)
+            if y[f] is not None:
+                assert x[f] == pytest.approx(y[f], rel=1e-4, abs=1e-6), (x["mode"], f)
+        if x["mode"] == "exact":  # decoded: face 0 in "whole", faces 0 and 1 in the parts
+            assert (y["n_images_decoded"], x["n_images_decoded"]) == (1, 2)
+            assert x["identical_to_greedy"] == 1.0 and x["replay_matches_decoded"] == 1.0
+        if x["method"] == "blockwise":
+            g = next(r for r in m["records"] if r["method"] == "greedy")
+            assert x["speedup_vs_greedy"] == pytest.approx(g["seconds_per_image"] / x["seconds_per_image"])
+    assert m["summary"]["exact_all_identical"] and m["summary"]["replay_all_match"]
+    assert "faces 1..1" in (tmp_path / "merged" / "report.md").read_text()
+    b["data"]["first"] = 2  # face 2 after face 0: face 1 missing
+    (tmp_path / "c.json").write_text(json.dumps(b))
+    assert main(["evaluate", "--merge", str(tmp_path / "a" / "results.json"), str(tmp_path / "c.json"),
+                 "--out", str(tmp_path / "gap")]) == 2
+    assert "leave a gap" in capsys.readouterr().err and not (tmp_path / "gap").exists()
 
 
 def test_resume_reads_back_whole_saved_groups(tiny_weights, celeba_npz, tmp_path):
