@@ -715,13 +715,19 @@ def evaluate(cfg: EvalConfig) -> dict:
     """Run and write everything under cfg.out; returns the result (with its "files")."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    files = {"json": str(Path(cfg.json_path) if cfg.json_path else out / "results.json")}
+    json_path = Path(cfg.json_path) if cfg.json_path else out / "results.json"
     # the JSON is rewritten after every row ("complete": false) until the run ends; the rows come
     # after all decoding, and until then the decoded batches are in cfg.cache_dir
-    result, samples = run_evaluation(cfg, on_progress=lambda r: write_json(r, Path(files["json"])))
+    result, samples = run_evaluation(cfg, on_progress=lambda r: write_json(r, json_path))
+    return _write_outputs(result, samples, out, json_path)
+
+
+def _write_outputs(result: dict, samples: dict, out: Path, json_path: Path) -> dict:
+    """Report, plots, grids under `out`, then the JSON (with their paths) at `json_path`."""
+    files = {"json": str(json_path)}
     files.update(write_all(result, samples, out))
     result["files"] = files
-    write_json(result, Path(files["json"]))
+    write_json(result, json_path)
     return result
 
 
@@ -817,11 +823,10 @@ def merge_results(results: list[dict], command: str) -> dict:
                              f"{first.get('schema_version')} (got {r.get('schema')!r} {r.get('schema_version')!r})")
         if not r.get("complete"):
             raise ValueError(f"{where}: the run did not finish (complete: false); finish it with --resume first")
-        for key in ("path", "split", "split_size"):  # the path by its file name: runs on other machines
-            if (Path(r["data"][key]).name if key == "path" else r["data"][key]) != (
-                    Path(first["data"][key]).name if key == "path" else first["data"][key]):
-                raise ValueError(f"{where}: other data than the first result's: data.{key} is "
-                                 f"{r['data'][key]!r}, not {first['data'][key]!r}")
+        data_of = lambda x: (Path(x["data"]["path"]).name, x["data"]["split"], x["data"]["split_size"])
+        if data_of(r) != data_of(first):  # the file by its name: runs come from other machines
+            raise ValueError(f"{where}: other data than the first result's: data.path (file name), data.split, data.split_size are "
+                             f"{data_of(r)}, not {data_of(first)}")
         for key in MERGE_SAME_SETTINGS:
             if r["settings"].get(key) != first["settings"].get(key):
                 raise ValueError(f"{where}: settings.{key} is {r['settings'].get(key)!r}, not "
@@ -905,11 +910,7 @@ def merge(paths: list, out, json_path=None, command: str = "") -> dict:
     result = merge_results(results, command)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    files = {"json": str(Path(json_path) if json_path else out / "results.json")}
-    files.update(write_all(result, {"models": {}}, out))
-    result["files"] = files
-    write_json(result, Path(files["json"]))
-    return result
+    return _write_outputs(result, {"models": {}}, out, Path(json_path) if json_path else out / "results.json")
 
 
 # ---------------------------------------------------------------- report, plots, grid
