@@ -113,6 +113,9 @@ def test_interrupt_then_skip_existing(tmp_path, fast, capsys, monkeypatch, rng):
     src, out, met = tmp_path / "in", tmp_path / "out", tmp_path / "m.csv"
     for name in ["x1.png", "x2.png", "x3.png"]:
         save(src / name, tiny8(rng))
+    # the handler in place before the run: Python's default, or SIG_IGN when pytest was started
+    # in the background by a non-interactive shell (then SIGINT is ignored from the start)
+    handler_before = signal.getsignal(signal.SIGINT)
     # a Ctrl-C arrives during the first batch: that batch is finished, then the run stops
     monkeypatch.setattr(upscale, "after_batch", lambda s: signal.raise_signal(signal.SIGINT))
     args = [str(src), "-o", str(out), "--metrics", str(met)] + fast
@@ -121,7 +124,7 @@ def test_interrupt_then_skip_existing(tmp_path, fast, capsys, monkeypatch, rng):
     first = sorted(p.name for p in out.iterdir())
     assert first == ["x1.png"] and leftovers(tmp_path) == []
     stamp = (out / "x1.png").stat().st_mtime_ns
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert signal.getsignal(signal.SIGINT) is handler_before  # handler restored
 
     monkeypatch.setattr(upscale, "after_batch", lambda s: None)
     assert [r[0] for r in dry_run(capsys, args + ["--skip-existing"])] == ["skip", "todo", "todo"]
