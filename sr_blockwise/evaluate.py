@@ -426,12 +426,18 @@ def _decode_record(name, variant, mode: Mode, k, run, greedy, real) -> dict:
                      calls_per_image=calls, seconds_per_image=spi, timing="measured",
                      paper_mean_block=PAPER_TABLE2.get((variant, mode.name), {}).get(k))
     if greedy is not None:
-        g_calls, g_spi = greedy["calls_per_image"], greedy["seconds_per_image"]
+        g_spi, g_calls = greedy["seconds_per_image"], greedy["calls_per_image"]
         same = run["images"].reshape(n, -1) == greedy["_images"][:n].reshape(n, -1)
-        rec.update(speedup_vs_greedy=g_spi / spi, call_reduction=g_calls / calls,
-                   cost_per_call_vs_greedy=(spi / calls) / (g_spi / g_calls),
+        rec.update(ratios_to_greedy(spi, calls, g_spi, g_calls),
                    identical_to_greedy=float(same.all(1).mean()), tokens_identical_to_greedy=float(same.mean()))
     return rec
+
+
+def ratios_to_greedy(spi: float, calls: float, g_spi: float, g_calls: float) -> dict:
+    """A blockwise row's speed against KV-cached greedy of the same weights: one place for the
+    formulas, used by a run's records and by merged (pooled) ones."""
+    return dict(speedup_vs_greedy=g_spi / spi, call_reduction=g_calls / calls,
+                cost_per_call_vs_greedy=(spi / calls) / (g_spi / g_calls))
 
 
 def _use_replay(rec: dict, replayed: list, decoded: list, greedy: dict) -> None:
@@ -797,10 +803,8 @@ def _relate(rows: list[dict]) -> None:
                      cost_per_call_vs_greedy=(r["seconds_per_image"] / SEQ_LEN)
                      / (g["seconds_per_image"] / g["calls_per_image"]))
             continue
-        r.update(speedup_vs_greedy=g["seconds_per_image"] / r["seconds_per_image"],
-                 call_reduction=g["calls_per_image"] / r["calls_per_image"],
-                 cost_per_call_vs_greedy=(r["seconds_per_image"] / r["calls_per_image"])
-                 / (g["seconds_per_image"] / g["calls_per_image"]))
+        r.update(ratios_to_greedy(r["seconds_per_image"], r["calls_per_image"],
+                                  g["seconds_per_image"], g["calls_per_image"]))
         if u is not None:
             r["speedup_vs_uncached_greedy"] = u["seconds_per_image"] / r["seconds_per_image"]
 
