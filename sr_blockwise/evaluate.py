@@ -1104,9 +1104,11 @@ def differences(result) -> list[str]:
     m = result["machine"]
     out.append(f"Hardware: the paper's is not given (batch 1). Ours: {m['cpu']}"
                + (f" + {m['gpu']}" if m.get("gpu") else "") + f", torch threads: {m['torch_threads']}, batch "
-               f"{s['batch_size']}, {s['dtype']}; load average {m['load_average_start']} at the start, "
-               f"{m['load_average_end']} at the end (other processes slow every timing alike, not fairly: "
-               "greedy runs first).")
+               f"{s['batch_size']}, {s['dtype']}; "
+               + ("each run's machine and load averages are listed with its command"
+                  if result.get("runs") else
+                  f"load average {m['load_average_start']} at the start, {m['load_average_end']} at the end")
+               + " (other processes slow every timing alike, not fairly: greedy runs first).")
     out.append(f"Data: the paper reports CelebA dev images; we use the first {result['data']['n_images']} faces of "
                f"the project's held-out test split ({result['data']['split_size']} faces), 8x8 made by 4x4 box "
                "averaging.")
@@ -1231,18 +1233,22 @@ def method_notes(result) -> list[str]:
             "teacher-forced pass of the decoder's own `step` over the greedy tokens yields every state "
             "exact decoding would see; walking the image with the heads' proposals gives its accepted blocks "
             f"for every k. "
-            + (f"{r0['n_images_decoded']} faces (the first {s['decode_exact']} of each run) were" if result.get("runs")
+            + (" and ".join(dict.fromkeys(f"{r['n_images_decoded']} faces of {r['weights']}" for r in replayed))
+               + f" (the first {s['decode_exact']} of each run) were" if result.get("runs")
                else f"The first {r0['n_images_decoded']} faces were") + " also decoded for real: their "
             "seconds per image, identity to greedy and quality are the rows' ones, and the replay matched "
             "their blocks and calls on "
             + ", ".join(f"{100 * r['replay_matches_decoded']:.0f}%" for r in replayed) + " of them.")
-    for w in result["weights"]:
-        u = w["uncached_timing"]
-        notes.append(f"{w['name']}: no-cache prefix measured {u['prefix_seconds_measured']:.3f} s vs "
-                     f"{u['prefix_seconds_predicted']:.3f} s predicted by the step timings ({u['prefix_check']:.2f}x); "
-                     f"estimate {u['estimate_seconds_batch'] / u['batch']:.2f} s per image, linear extrapolation "
-                     f"{u['linear_extrapolation_seconds_batch'] / u['batch']:.2f} s"
-                     + (f", whole decode measured {u['seconds_batch'] / u['batch']:.2f} s." if u["measured"] else "."))
+    for w in result["weights"]:  # a merged result: each run's own estimate (the row pools them)
+        for part in w.get("parts") or [{"uncached_timing": w["uncached_timing"]}]:
+            u = part["uncached_timing"]
+            who = (f"{w['name']}, faces {part['first']}..{part['first'] + part['n_images'] - 1}" if "first" in part
+                   else w["name"])
+            notes.append(f"{who}: no-cache prefix measured {u['prefix_seconds_measured']:.3f} s vs "
+                         f"{u['prefix_seconds_predicted']:.3f} s predicted by the step timings ({u['prefix_check']:.2f}x); "
+                         f"estimate {u['estimate_seconds_batch'] / u['batch']:.2f} s per image, linear extrapolation "
+                         f"{u['linear_extrapolation_seconds_batch'] / u['batch']:.2f} s"
+                         + (f", whole decode measured {u['seconds_batch'] / u['batch']:.2f} s." if u["measured"] else "."))
     return notes
 
 
