@@ -614,7 +614,6 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
                           rule="exact", eps=0, top_k=1, min_block=1, exact_by_construction=True, n_images=b,
                           n_images_decoded=b, block_stats_from="decoded",
                           mean_block=1.0, calls_per_image=float(SEQ_LEN), seconds_per_image=u_spi,
-                          speedup_vs_greedy=grec["seconds_per_image"] / u_spi, call_reduction=1.0,
                           timing="measured" if unc["measured"] else "estimated",
                           notes=[("measured: the whole decode was run on one batch" if unc["measured"] else
                                   f"estimated from the first {unc['prefix_tokens']} tokens of the real decoder "
@@ -624,7 +623,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
                                  f"at {100 * unc['prefix_tokens_match_cached']:.1f}% of positions",
                                  f"a linear extrapolation of the prefix would say "
                                  f"{unc['linear_extrapolation_seconds_batch'] / b:.3f} s per image"])
-        urec["cost_per_call_vs_greedy"] = (u_spi / SEQ_LEN) / (grec["seconds_per_image"] / grec["calls_per_image"])
+        urec.update(ratios_to_greedy(u_spi, SEQ_LEN, grec["seconds_per_image"], grec["calls_per_image"]))
         grec["speedup_vs_uncached_greedy"] = u_spi / grec["seconds_per_image"]
         urec["speedup_vs_uncached_greedy"] = 1.0
         records += [grec, urec]
@@ -797,12 +796,7 @@ def _relate(rows: list[dict]) -> None:
     """Ratios to greedy (same weights) from pooled seconds and calls, as `run_evaluation` makes them."""
     g = next(r for r in rows if r["method"] == "greedy")
     u = next((r for r in rows if r["method"] == "greedy-uncached"), None)
-    for r in rows:
-        if r["method"] == "greedy-uncached":
-            r.update(speedup_vs_greedy=g["seconds_per_image"] / r["seconds_per_image"], speedup_vs_uncached_greedy=1.0,
-                     cost_per_call_vs_greedy=(r["seconds_per_image"] / SEQ_LEN)
-                     / (g["seconds_per_image"] / g["calls_per_image"]))
-            continue
+    for r in rows:  # greedy without a cache too: one call per token, as greedy with one
         r.update(ratios_to_greedy(r["seconds_per_image"], r["calls_per_image"],
                                   g["seconds_per_image"], g["calls_per_image"]))
         if u is not None:
