@@ -119,16 +119,30 @@ def cmd_learning_curve(a):
 
     from .train import CACHE_DIR
 
-    fig, ax = plt.subplots(figsize=(9, 4))
+    logs = [(run, batch, list(csv.DictReader(open(CACHE_DIR / run / "log.csv"))))
+            for run, batch in zip(a.runs, a.batch_sizes or [8] * len(a.runs))]
+    # heads-stage distillation runs log val_block (their base, so its bits/dim, cannot move)
+    with_blocks = any(r.get("val_block") for _, _, rows in logs for r in rows)
+    fig, axes = plt.subplots(1, 2 if with_blocks else 1, figsize=(13 if with_blocks else 9, 4), squeeze=False)
+    ax = axes[0, 0]
     offset = 0
-    for run, batch in zip(a.runs, a.batch_sizes or [8] * len(a.runs)):
-        rows = list(csv.DictReader(open(CACHE_DIR / run / "log.csv")))
+    for run, batch, rows in logs:
         steps = [int(r["step"]) * batch + offset for r in rows]
-        ax.plot(steps, [float(r["bpd_train"]) for r in rows], alpha=0.4, label=f"{run}: train batch")
+        train_bpd = [(s, float(r["bpd_train"])) for s, r in zip(steps, rows) if r["bpd_train"]]
+        if train_bpd:
+            ax.plot(*zip(*train_bpd), alpha=0.4, label=f"{run}: train batch")
         val = [(s, float(r["val_bpd"])) for s, r in zip(steps, rows) if r["val_bpd"]]
         if val:
             ax.plot(*zip(*val), "o-", label=f"{run}: validation")
+        blocks = [(s, float(r["val_block"])) for s, r in zip(steps, rows) if r.get("val_block")]
+        if blocks:
+            axes[0, 1].plot(*zip(*blocks), "o-", label=run)
         offset = steps[-1]
+    if with_blocks:
+        axes[0, 1].set_xlabel("training images seen")
+        axes[0, 1].set_ylabel("held-out exact block, k = n_blockwise")
+        axes[0, 1].grid(alpha=0.3)
+        axes[0, 1].legend(fontsize=8)
     ax.set_xlabel("training images seen")
     ax.set_ylabel("bits/dim (p1)")
     ax.set_ylim(top=8.2)

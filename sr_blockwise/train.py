@@ -7,6 +7,10 @@ Stages (--stage):
   heads     base frozen (no gradient, trunk run under no_grad), only the heads train.
   finetune  base and heads jointly (the paper's fine-tuned setting); --distill FILE trains on the
             base model's own greedy outputs (sequence-level distillation).
+With --distill in the heads stage the targets stay the frozen base's greedy outputs, so the last
+--eval-images of them are held out and the log's val_block is exact mode's mean accepted block at
+k = n_blockwise on them (by replay, decoding.exact_block_stats): the heads' own learning curve,
+where val bits/dim would not move.
 Head loss: sum over all heads (default) or one random head per step (the paper's choice), on a
 random subset of positions (--head-frac) so the heads cost a fraction of the trunk.
 
@@ -144,6 +148,21 @@ def bits_per_dim(model: ImageTransformerSR, images32: np.ndarray, batch_size: in
     return total / count / math.log(2)
 
 
+def held_out_block(model: ImageTransformerSR, lr8: np.ndarray, greedy32: np.ndarray, batch_size: int = 32) -> float:
+    """Exact mode's mean accepted block at k = n_blockwise on a frozen base's greedy outputs, by
+    replay: on a bf16 inference copy, the dtype the targets were decoded in (the replay refuses
+    outputs that are not the copy's greedy ones, e.g. after the base moved)."""
+    import copy
+
+    from .decoding import exact_block_stats
+    k = model.cfg.n_blockwise
+    m = copy.deepcopy(model).cpu().for_inference()
+    stats = []
+    for i in range(0, len(lr8), batch_size):
+        stats += exact_block_stats(m, lr8[i : i + batch_size], greedy32[i : i + batch_size], [k])[k]
+    return SEQ_LEN * len(stats) / sum(sum(s.block_hist) for s in stats)  # all tokens / all steps, as evaluate
+
+
 def save_checkpoint(path: Path, model: ImageTransformerSR, opt, step: int, cfg: TrainConfig, extra: dict) -> None:
     m = model
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -230,6 +249,14 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         if len(train_imgs) == 0:
             raise ValueError(f"{cfg.distill}: no distillation targets")
     val_imgs = val_set.images[: cfg.eval_images]  # no val part (e.g. a photo folder): no eval
+    held_out = None  # (8x8 inputs, greedy outputs) the heads are scored on, heads stage + distill
+    if cfg.distill and cfg.stage == "heads" and cfg.eval_images:
+        if len(train_imgs) <= cfg.eval_images:
+            raise ValueError(f"{cfg.distill}: {len(train_imgs)} targets leave none to train on after "
+                             f"holding out --eval-images {cfg.eval_images}")
+        held_out = train_lr[-cfg.eval_images:], train_imgs[-cfg.eval_images:]
+        train_imgs, train_lr = train_imgs[: -cfg.eval_images], train_lr[: -cfg.eval_images]
+        val_imgs = val_imgs[:0]  # the frozen base's bits/dim cannot move: score the heads instead
 
     model = init_model(cfg)
     # a fresh (or grown) prior starts from the data; never in the heads stage, whose base is frozen
@@ -274,6 +301,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         stop["flag"] = True  # finish the step, checkpoint, exit
 
     old_handlers = signal.signal(signal.SIGINT, on_sigint), signal.signal(signal.SIGTERM, on_sigint)
+    if rank == 0 and held_out is not None and step == 0:  # the heads' score before training
+        _append_log(log_path, {"step": 0, "minutes": 0.0, "val_block": held_out_block(model, *held_out)})
     t_start = time.time()
     last_ckpt = last_eval = time.time()
     steps_this_run = 0
@@ -319,7 +348,11 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
                 best = min(best, last["val_bpd"])
                 tqdm.write(f"step {step}: val bits/dim {last['val_bpd']:.4f}")
                 last_eval = time.time()
-            if rank == 0 and (step % 10 == 0 or "val_bpd" in last):
+            if rank == 0 and held_out is not None and now - last_eval > cfg.eval_minutes * 60:
+                last["val_block"] = held_out_block(model, *held_out)
+                tqdm.write(f"step {step}: held-out exact block (k={model.cfg.n_blockwise}) {last['val_block']:.3f}")
+                last_eval = time.time()
+            if rank == 0 and (step % 10 == 0 or "val_bpd" in last or "val_block" in last):
                 _append_log(log_path, last)
             if rank == 0 and now - last_ckpt > cfg.ckpt_minutes * 60:
                 save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
@@ -330,13 +363,16 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         bar.close()
         if rank == 0 and steps_this_run:
             save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
+            if held_out is not None and "val_block" not in last:  # after the save: it cannot lose it
+                last["val_block"] = held_out_block(model, *held_out)  # every run ends with a score
+                _append_log(log_path, last)
         if ddp:
             dist.destroy_process_group()
     return {"step": step, "run_dir": str(run_dir), **{k: v for k, v in last.items() if k != "per_head"}}
 
 
 # settings that must not change across a resume: they decide the data order and the optimizer
-RESUME_KEYS = ("preset", "stage", "data", "distill", "batch_size", "seed", "head_loss")
+RESUME_KEYS = ("preset", "stage", "data", "distill", "batch_size", "seed", "head_loss", "eval_images")
 
 
 def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
@@ -356,7 +392,7 @@ def _should_stop(local: bool, ddp: bool) -> bool:
 
 
 def _append_log(path: Path, row: dict) -> None:
-    fields = ["step", "minutes", "lr", "bpd_train", "head_loss", "imgs_per_s", "val_bpd"]
+    fields = ["step", "minutes", "lr", "bpd_train", "head_loss", "imgs_per_s", "val_bpd", "val_block"]
     new = not path.exists()
     with open(path, "a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")

@@ -127,13 +127,28 @@ def test_distill_targets_then_finetune_on_them(small_data, tmp_path, monkeypatch
 
     monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
     out = tmp_path / "distill.npz"
-    assert main(["distill", "--weights", tiny_weights, "--data", small_data, "--n", "2",
-                 "--batch-size", "2", "-o", str(out)]) == 0
+    assert main(["distill", "--weights", tiny_weights, "--data", small_data, "--n", "4",
+                 "--batch-size", "4", "-o", str(out)]) == 0
     d = np.load(out)
-    assert d["images"].shape == (2, 32, 32, 3) and d["lr"].shape == (2, 8, 8, 3)
+    assert d["images"].shape == (4, 32, 32, 3) and d["lr"].shape == (4, 8, 8, 3)
     r = train(cfg(small_data, "ft", stage="finetune", init_from=tiny_weights, distill=str(out),
                   max_steps=2, batch_size=2), progress=False)
     assert r["step"] == 2
+    # heads on the frozen base: the last --eval-images targets are held out and scored by replay
+    # (which raises unless they are still the base's greedy outputs)
+    r = train(cfg(small_data, "hd", stage="heads", init_from=tiny_weights, distill=str(out),
+                  max_steps=2, batch_size=2, eval_images=2), progress=False)
+    assert r["step"] == 2 and 1.0 <= r["val_block"] <= 10.0
+    rows = (tmp_path / "cache/hd/log.csv").read_text().splitlines()
+    assert rows[0].endswith(",val_block") and float(rows[-1].split(",")[-1]) == r["val_block"]
+    assert rows[1].startswith("0,") and 1.0 <= float(rows[1].split(",")[-1]) <= 10.0  # before training
+    # the learning curve takes such a log (its step-0 row has no training loss)
+    png = tmp_path / "curve.png"
+    assert main(["learning-curve", "hd", "--batch-sizes", "2", "-o", str(png)]) == 0
+    assert png.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="leave none to train on"):
+        train(cfg(small_data, "hd4", stage="heads", init_from=tiny_weights, distill=str(out),
+                  max_steps=2, batch_size=2, eval_images=4), progress=False)
 
 
 def test_distill_keeps_the_targets_decoded_before_a_crash(small_data, tmp_path, monkeypatch, tiny_weights):
