@@ -11,7 +11,7 @@ def cmd_train(a):
                       init_from=a.init_from, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup,
                       head_loss=a.head_loss, head_frac=a.head_frac, head_weight=a.head_weight,
                       max_steps=a.max_steps, max_minutes=a.max_minutes, ckpt_minutes=a.ckpt_minutes,
-                      eval_minutes=a.eval_minutes, seed=a.seed, device=a.device, bf16=not a.fp32,
+                      eval_minutes=a.eval_minutes, eval_images=a.eval_images, seed=a.seed, device=a.device, bf16=not a.fp32,
                       threads=a.threads)
     print(train(cfg, resume=a.resume, progress=not a.quiet))
 
@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-minutes", type=float, default=1e9)
     t.add_argument("--ckpt-minutes", type=float, default=5.0)
     t.add_argument("--eval-minutes", type=float, default=10.0)
+    t.add_argument("--eval-images", type=int, default=64,
+                   help="validation faces scored for bits/dim; in the heads stage with --distill, "
+                        "targets held out and scored for exact mode's mean block (val_block)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="cpu")
     t.add_argument("--fp32", action="store_true", help="no bf16 autocast")
