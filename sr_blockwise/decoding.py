@@ -96,6 +96,15 @@ class DecodeResult:
     extra: dict = field(default_factory=dict)
 
 
+def pooled_block_hist(stats: list[DecodeStats]) -> tuple[np.ndarray, float]:
+    """Block histograms summed over images, and the mean accepted block they give: all tokens /
+    all decoding steps (the paper's Table 2 measure over a test set)."""
+    hist = np.zeros(max(len(s.block_hist) for s in stats), dtype=np.int64)
+    for s in stats:
+        hist[: len(s.block_hist)] += s.block_hist
+    return hist, SEQ_LEN * len(stats) / int(hist.sum())
+
+
 def accepted_length(props: torch.Tensor, verify_logits: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:
     """props: (B, k) proposals; verify_logits: (B, k, 256) p1 at the positions that predict
     props[:, 1:] (the last row predicts the token after the block). Returns (B,) accepted counts

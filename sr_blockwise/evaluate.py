@@ -35,7 +35,7 @@ from tqdm import tqdm
 from . import metrics
 from .checkpoints import load_model, read_card, resolve, sha256_of
 from .data import DEFAULT_DATA, downsample_8, enlarge, load_faces, to_tokens
-from .decoding import DecodeOptions, DecodeStats, decode, exact_block_stats, greedy_uncached
+from .decoding import DecodeOptions, DecodeStats, decode, exact_block_stats, greedy_uncached, pooled_block_hist
 from .model import SEQ_LEN
 
 STORE_VERSION = 1  # layout of a DecodeStore batch file
@@ -412,17 +412,14 @@ def new_record(**values) -> dict:
 def _decode_record(name, variant, mode: Mode, k, run, greedy, real) -> dict:
     stats = run["stats"]
     n = len(stats)
-    K = max(len(s.block_hist) for s in stats)
-    hist = np.zeros(K, dtype=np.int64)
-    for s in stats:
-        hist[: len(s.block_hist)] += s.block_hist
+    hist, mean_block = pooled_block_hist(stats)
     calls = float(np.mean([s.calls for s in stats]))
     spi = run["seconds"] / n
     rec = new_record(weights=name, variant=variant, method="greedy" if mode.name == "greedy" else "blockwise",
                      mode=mode.name, k=k, rule=mode.rule, eps=mode.eps, top_k=mode.top_k,
                      min_block=mode.min_block, exact_by_construction=mode.options(k).is_exact,
                      n_images=n, n_images_decoded=n, block_stats_from="decoded",
-                     mean_block=SEQ_LEN * n / int(hist.sum()), block_hist=hist.tolist(),
+                     mean_block=mean_block, block_hist=hist.tolist(),
                      calls_per_image=calls, seconds_per_image=spi, timing="measured",
                      paper_mean_block=PAPER_TABLE2.get((variant, mode.name), {}).get(k))
     if greedy is not None:
@@ -448,10 +445,10 @@ def _use_replay(rec: dict, replayed: list, decoded: list, greedy: dict) -> None:
     if not all(same):
         rec["notes"].append(f"REPLAY DIFFERS from decoding on {len(same) - sum(same)} of {len(same)} images")
     if len(replayed) > len(decoded):
-        hist = np.sum([s.block_hist for s in replayed], axis=0)
+        hist, mean_block = pooled_block_hist(replayed)
         calls = float(np.mean([s.calls for s in replayed]))
         rec.update(n_images=len(replayed), block_stats_from="replay", block_hist=hist.tolist(),
-                   mean_block=SEQ_LEN * len(replayed) / int(hist.sum()), calls_per_image=calls,
+                   mean_block=mean_block, calls_per_image=calls,
                    call_reduction=greedy["calls_per_image"] / calls)
         rec["notes"].append(f"block statistics of all {len(replayed)} images from the replay "
                             f"(decoding.exact_block_stats); seconds, identity and quality from decoding the "

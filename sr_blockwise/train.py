@@ -154,13 +154,13 @@ def held_out_block(model: ImageTransformerSR, lr8: np.ndarray, greedy32: np.ndar
     outputs that are not the copy's greedy ones, e.g. after the base moved)."""
     import copy
 
-    from .decoding import exact_block_stats
+    from .decoding import exact_block_stats, pooled_block_hist
     k = model.cfg.n_blockwise
     m = copy.deepcopy(model).cpu().for_inference()
     stats = []
     for i in range(0, len(lr8), batch_size):
         stats += exact_block_stats(m, lr8[i : i + batch_size], greedy32[i : i + batch_size], [k])[k]
-    return SEQ_LEN * len(stats) / sum(sum(s.block_hist) for s in stats)  # all tokens / all steps, as evaluate
+    return pooled_block_hist(stats)[1]
 
 
 def save_checkpoint(path: Path, model: ImageTransformerSR, opt, step: int, cfg: TrainConfig, extra: dict) -> None:
@@ -343,14 +343,14 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             bar.set_postfix(bpd=f"{last['bpd_train']:.3f}", heads=f"{last['head_loss']:.2f}",
                             ips=f"{last['imgs_per_s']:.2f}")
             now = time.time()
-            if rank == 0 and len(val_imgs) and now - last_eval > cfg.eval_minutes * 60:
-                last["val_bpd"] = bits_per_dim(model, val_imgs, bf16=cfg.bf16, device=cfg.device)
-                best = min(best, last["val_bpd"])
-                tqdm.write(f"step {step}: val bits/dim {last['val_bpd']:.4f}")
-                last_eval = time.time()
-            if rank == 0 and held_out is not None and now - last_eval > cfg.eval_minutes * 60:
-                last["val_block"] = held_out_block(model, *held_out)
-                tqdm.write(f"step {step}: held-out exact block (k={model.cfg.n_blockwise}) {last['val_block']:.3f}")
+            if rank == 0 and now - last_eval > cfg.eval_minutes * 60:
+                if len(val_imgs):
+                    last["val_bpd"] = bits_per_dim(model, val_imgs, bf16=cfg.bf16, device=cfg.device)
+                    best = min(best, last["val_bpd"])
+                    tqdm.write(f"step {step}: val bits/dim {last['val_bpd']:.4f}")
+                if held_out is not None:  # (then val_imgs is empty: the base is frozen)
+                    last["val_block"] = held_out_block(model, *held_out)
+                    tqdm.write(f"step {step}: held-out exact block (k={model.cfg.n_blockwise}) {last['val_block']:.3f}")
                 last_eval = time.time()
             if rank == 0 and (step % 10 == 0 or "val_bpd" in last or "val_block" in last):
                 _append_log(log_path, last)
