@@ -9,6 +9,7 @@ def cmd_train(a):
     from .train import TrainConfig, train
     cfg = TrainConfig(run=a.run, preset=a.preset, stage=a.stage, data=a.data, distill=a.distill,
                       init_from=a.init_from, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup,
+                      schedule_offset=a.schedule_offset,
                       head_loss=a.head_loss, head_frac=a.head_frac, head_weight=a.head_weight,
                       max_steps=a.max_steps, max_minutes=a.max_minutes, ckpt_minutes=a.ckpt_minutes,
                       eval_minutes=a.eval_minutes, eval_images=a.eval_images, seed=a.seed, device=a.device, bf16=not a.fp32,
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--warmup", type=int, default=500)
+    t.add_argument("--schedule-offset", type=int, default=0,
+                   help="with --init-from: continue the source run's lr schedule from this step of it")
     t.add_argument("--head-loss", default="sum", choices=["sum", "random"])
     t.add_argument("--head-frac", type=float, default=0.25)
     t.add_argument("--head-weight", type=float, default=1.0)

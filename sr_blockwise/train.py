@@ -52,6 +52,9 @@ class TrainConfig:
     batch_size: int = 8
     lr: float = 1e-3
     warmup: int = 500
+    # a warm start (--init-from) continues the lr schedule of the run its weights came from, as if
+    # at this step of it, instead of warming up and decaying all over again (0: a fresh schedule)
+    schedule_offset: int = 0
     weight_decay: float = 0.0
     head_loss: str = "sum"  # sum | random
     head_frac: float = 0.25  # fraction of positions the head loss uses
@@ -74,9 +77,15 @@ class TrainConfig:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Noam-style: linear warmup, then 1/sqrt decay (no end date, so runs can be resumed)."""
-    s = max(step, 1)
-    return cfg.lr * min(s / cfg.warmup, math.sqrt(cfg.warmup / s))
+    """Noam-style: linear warmup, then 1/sqrt decay (no end date, so runs can be resumed).
+    With schedule_offset the curve is read at step + offset, behind a short linear ramp: a fresh
+    Adam's first steps, before its moment estimates settle, should not take the full rate."""
+    s = max(step, 1) + cfg.schedule_offset
+    ramp = min(1.0, max(step, 1) / FRESH_ADAM_RAMP) if cfg.schedule_offset else 1.0
+    return cfg.lr * ramp * min(s / cfg.warmup, math.sqrt(cfg.warmup / s))
+
+
+FRESH_ADAM_RAMP = 100  # steps
 
 
 class TrainingLoss(nn.Module):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sr_blockwise.train import TrainConfig, bits_per_dim, load_checkpoint, train
+from sr_blockwise.train import FRESH_ADAM_RAMP, TrainConfig, bits_per_dim, load_checkpoint, lr_at, train
 
 
 @pytest.fixture
@@ -49,6 +49,17 @@ def test_loss_falls_and_resume_continues_exactly(small_data, tmp_path, monkeypat
     assert bits_per_dim(after_model, imgs, bf16=False) < before - 0.2
     with pytest.raises(ValueError, match="different settings"):
         train(cfg(small_data, "a", max_steps=20, batch_size=2), resume=True, progress=False)
+
+
+def test_schedule_offset_continues_the_source_runs_schedule():
+    """A warm start with --schedule-offset S reads the source run's curve at S + step (after a
+    short ramp for the fresh optimizer), not a new warmup from zero."""
+    source = TrainConfig(lr=8e-4, warmup=200)
+    warm = TrainConfig(lr=8e-4, warmup=200, schedule_offset=4029)
+    for step in (FRESH_ADAM_RAMP, 500, 3000):
+        assert lr_at(step, warm) == pytest.approx(lr_at(4029 + step, source))
+    assert lr_at(1, warm) == pytest.approx(lr_at(4030, source) / FRESH_ADAM_RAMP)
+    assert lr_at(1, source) == pytest.approx(8e-4 / 200)  # no offset: the plain warmup
 
 
 def test_frozen_head_stage_leaves_the_base_untouched(small_data, tmp_path, monkeypatch):
