@@ -76,16 +76,17 @@ class TrainConfig:
             raise ValueError(f"head_loss must be sum or random, got {self.head_loss!r}")
 
 
+FRESH_ADAM_RAMP = 100  # steps of linear ramp for a warm start's fresh optimizer (schedule_offset)
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Noam-style: linear warmup, then 1/sqrt decay (no end date, so runs can be resumed).
     With schedule_offset the curve is read at step + offset, behind a short linear ramp: a fresh
     Adam's first steps, before its moment estimates settle, should not take the full rate."""
-    s = max(step, 1) + cfg.schedule_offset
-    ramp = min(1.0, max(step, 1) / FRESH_ADAM_RAMP) if cfg.schedule_offset else 1.0
+    step = max(step, 1)
+    ramp = min(1.0, step / FRESH_ADAM_RAMP) if cfg.schedule_offset else 1.0
+    s = step + cfg.schedule_offset
     return cfg.lr * ramp * min(s / cfg.warmup, math.sqrt(cfg.warmup / s))
-
-
-FRESH_ADAM_RAMP = 100  # steps
 
 
 class TrainingLoss(nn.Module):
