@@ -155,7 +155,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
 
     h = model.step(cache, torch.full((B, 1), -1, dtype=torch.long, device=dev),
                    torch.zeros(B, dtype=torch.long, device=dev))[:, 0]
-    props = _propose(model, h, k, opts, gen, t, torch.arange(B, device=dev), src, proposer)
+    props = _propose(model, h, k, opts, gen, t, torch.arange(B, device=dev), src, out, proposer)
     rows = torch.arange(B, device=dev)
     n_calls = 1
     ar = torch.arange(k, device=dev)
@@ -197,7 +197,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         live = ~done
         rows, h_next = rows[live], h_next[live]
         if len(rows):
-            props = _propose(model, h_next, k, opts, gen, t[rows], rows, src, proposer)
+            props = _propose(model, h_next, k, opts, gen, t[rows], rows, src, out, proposer)
         if progress is not None and n_calls % progress_every == 0:
             progress(out[:, :SEQ_LEN].cpu().numpy(), t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
 
@@ -246,7 +246,7 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
         if not torch.equal(model.logits(h, src, pos).argmax(-1), y[:, s:s + n]):
             raise ValueError("these are not the model's greedy tokens (p1 disagrees): cannot replay")
         for k in [k for k in ks if k > 1]:  # k=1 has no proposals: every block is 1 token
-            props = model.head_logits(h, k, src, pos).argmax(-1)[..., 1:]  # (B, n, k-1)
+            props = model.head_logits(h, k, src, pos, y).argmax(-1)[..., 1:]  # (B, n, k-1)
             want = torch.stack([later[:, s + j + 1:s + j + 1 + n] for j in range(k - 1)], -1)
             agree[k][:, s:s + n] = (props == want).cpu()
     out = {}
@@ -266,16 +266,16 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
     return out
 
 
-def _propose(model, h, k, opts, gen, t, rows, src, proposer=None):
+def _propose(model, h, k, opts, gen, t, rows, src, out, proposer=None):
     """k proposals from the decoder state h (b, d) that predicts position t (b,) of images `rows`
-    of the batch's input src. The first is always
+    of the batch's input src, whose confirmed tokens are out[rows, :t]. The first is always
     p1's own choice (so it needs no verification); the others come from the heads, or from
     `proposer(t, rows, k)` -> (b, k-1) tokens when one is given (e.g. a draft model)."""
     if opts.temperature > 0:
         logits = model.logits(h, src[rows], t).float() / opts.temperature
         return (logits + gen[rows, t]).argmax(-1, keepdim=True)
     if proposer is None:
-        logits = model.head_logits(h, k, src[rows], t)
+        logits = model.head_logits(h, k, src[rows], t, out[rows])
         if opts.propose == "window" and opts.eps > 0 and k > 1:
             # p1's own choice stays its argmax: it is the sure token
             return torch.cat([logits[:, :1].argmax(-1), window_centre(logits[:, 1:], opts.eps)], 1)

@@ -24,7 +24,15 @@ Deviations from the paper, each for a reason written next to it:
   greedy decode ignored the input and collapsed to flat dark images; with it the output can
   never drift far from the input's colours. Zero in a fresh model, so old weights load and
   compute unchanged; `train` then sets a zero prior from the data's offset histogram before the
-  first step (not in the frozen-base heads stage), which does change p1 from step 0.
+  first step (not in the frozen-base heads stage), which does change p1 from step 0;
+- nbr_prior=True (the cpu preset) gives heads 2..K a learned log-prior over the offset of the
+  intensity they predict from two intensities already decoded: the nearest one of the same
+  channel to its left in the row, and the one above. Why: on cpu-frozen's greedy outputs, heads 2
+  and 3 landed within 2 levels of greedy's token less often (45%) than simply copying the
+  pixel to the left (51%): the decoder state does not carry recent intensities in a form the
+  one-layer heads can read. Fitting just these tables, the rest frozen, raised heads 2..6 from
+  37-50% to 54-58% within 2 levels (12 faces). p1 never gets it, so a frozen base still decodes
+  exactly like the base. Zero in a fresh model: old weights load and compute unchanged.
 """
 from __future__ import annotations
 
@@ -60,6 +68,9 @@ class ModelConfig:
     # add to every output's logits a learned prior over (intensity - the input cell's intensity),
     # per channel: 3 x 511 numbers, initialized from the training data (train.init_lr_prior)
     lr_prior: bool = False
+    # add to heads 2..K's logits learned priors over (intensity - an intensity already decoded):
+    # the nearest of the same channel to the left, and the one above; (K-1) x 2 x 3 x 511 numbers
+    nbr_prior: bool = False
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -92,11 +103,11 @@ PRESETS = {
     # a few seconds to build; for tests
     "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_enc_layers=1, n_dec_layers=2,
                         block_len=64, n_blockwise=10, head_ff=16, lr_skip=True,
-                        lr_prior=True),
+                        lr_prior=True, nbr_prior=True),
     # the shipped model: 3.3M parameters, ~4 training images/s on 2 Zen 5 cores in bf16, about
     # one epoch of the training split per 2 hours; a 1-token decoding call ~2.3 ms at batch 1
     # (bench-decode), so greedy decoding ~7 s per image alone, less per image in a batch
-    "cpu": ModelConfig(lr_skip=True, lr_prior=True),
+    "cpu": ModelConfig(lr_skip=True, lr_prior=True, nbr_prior=True),
     # img2img_transformer_b3 from PAPER.md, for GPU users
     "paper": ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_enc_layers=4, n_dec_layers=8,
                          block_len=128, n_blockwise=10, head_ff=2048, head1="layer", dropout=0.1),
@@ -270,6 +281,10 @@ class BlockwiseHeads(nn.Module):
         cols = torch.arange(G).repeat_interleave(f)[None, :]
         self.register_buffer("tri_mask", (cols <= rows).float(), persistent=False)
         self.premasked = False  # set by ImageTransformerSR.for_inference
+        # nbr_prior[j - 1, r, ch, o + 255]: head j+1's log-prior of intensity = reference r's + o
+        # (r = 0: nearest same channel to the left, 1: above); here so the heads stage trains it
+        self.nbr_prior = (nn.Parameter(torch.zeros(cfg.n_blockwise - 1, 2, CHANNELS, 2 * VOCAB - 1))
+                          if cfg.nbr_prior else None)
 
     def forward(self, h, n_groups: int | None = None):
         """h: (..., d) -> (..., g, d) normalized states of the first g groups."""
@@ -384,6 +399,26 @@ class ImageTransformerSR(nn.Module):
         dtype = torch.promote_types(logits.dtype, self.lr_prior.dtype)
         return logits.to(dtype) + self.prior(src, pos).to(dtype)
 
+    def neighbour_prior(self, tokens: torch.Tensor, tpos: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """nbr_prior's logits (B, ..., g, 256) for head j (g,) (2..K, predicting p1's position +
+        j - 1) at target positions tpos (B, ..., g), read from tokens (B, S): the intensities
+        decoded so far (only positions before p1's are read: both references of a head's target
+        lie there). A reference outside the image (first column or row) adds nothing."""
+        tab = self.heads.nbr_prior
+        t = tpos.clamp(max=SEQ_LEN - 1)
+        ch, col = self.tgt_ch[t], self.tgt_c[t]
+        back = (j + 2) // 3  # pixels back to the nearest decoded same channel: ceil(j / 3)
+        refs = ((t - 3 * back, col >= back), (t - 3 * IMAGE_SIZE, t >= 3 * IMAGE_SIZE))
+        flat = tokens.shape[0], -1
+        out = 0
+        for r, (rpos, ok) in enumerate(refs):
+            ok = ok & (tpos < SEQ_LEN)
+            val = torch.gather(tokens, 1, rpos.clamp(min=0).reshape(flat)).view_as(rpos)
+            row = (((j - 2) * 2 + r) * CHANNELS + ch) * (2 * VOCAB - 1)
+            idx = row.unsqueeze(-1) + torch.arange(VOCAB, device=t.device) - val.unsqueeze(-1) + VOCAB - 1
+            out = out + tab.flatten()[idx] * ok.unsqueeze(-1)
+        return out
+
     @staticmethod
     def _full_positions(h):
         """Positions 0..3071 for the states of a whole image's full forward; otherwise the
@@ -400,9 +435,11 @@ class ImageTransformerSR(nn.Module):
         return self.head_logits(h, 1, src, pos)[..., 0, :]
 
     def head_logits(self, h: torch.Tensor, k: int, src: torch.Tensor | None = None,
-                    pos: torch.Tensor | None = None) -> torch.Tensor:
+                    pos: torch.Tensor | None = None, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """All k heads' logits from the decoder states h (B, ..., d) -> (B, ..., k, 256).
-        pos (B, ...): the positions p1 predicts; head j predicts the token j-1 after it."""
+        pos (B, ...): the positions p1 predicts; head j predicts the token j-1 after it.
+        tokens (B, S): the intensities decoded so far, at their positions (nbr_prior reads
+        them; a whole image's targets in training)."""
         if self.cfg.head1 == "base":
             z = self.out_proj(h).unsqueeze(-2)
             if k > 1:
@@ -412,7 +449,13 @@ class ImageTransformerSR(nn.Module):
         pos = self._full_positions(h) if pos is None else pos
         if pos is not None:
             pos = pos.unsqueeze(-1) + torch.arange(k, device=h.device)
-        return self._with_prior(z, src, pos)
+        z = self._with_prior(z, src, pos)
+        if k > 1 and self.cfg.nbr_prior:
+            if tokens is None or pos is None:
+                raise ValueError("this model has nbr_prior: heads 2..k need the decoded tokens and positions")
+            nbr = self.neighbour_prior(tokens, pos[..., 1:], torch.arange(2, k + 1, device=h.device))
+            z = torch.cat([z[..., :1, :], z[..., 1:, :] + nbr.to(z.dtype)], dim=-2)
+        return z
 
     # --- full (teacher-forced) forward, used for training and for checking the cache
 
@@ -433,10 +476,13 @@ class ImageTransformerSR(nn.Module):
     def for_inference(self, dtype: torch.dtype = torch.bfloat16) -> "ImageTransformerSR":
         """Cast for decoding: everything in `dtype` except the output projection (float64)."""
         prior = None if self.lr_prior is None else self.lr_prior.detach().double()
+        nbr = None if self.heads is None or self.heads.nbr_prior is None else self.heads.nbr_prior.detach().double()
         self.eval().to(dtype)
         self.lm_head.double()
         if prior is not None:  # added to the float64 logits: keep it in float64 too
             self.lr_prior.data = prior
+        if nbr is not None:
+            self.heads.nbr_prior.data = nbr
         if self.heads is not None:  # the masked head matrix, once, not at every call
             with torch.no_grad():
                 self.heads.down.weight.mul_(self.heads.tri_mask.to(dtype))

@@ -77,6 +77,7 @@ class TrainConfig:
 
 
 FRESH_ADAM_RAMP = 100  # steps of linear ramp for a warm start's fresh optimizer (schedule_offset)
+TABLE_LR_MULT = 20.0  # the nbr_prior tables' learning rate, as a multiple of the network's
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -129,6 +130,11 @@ class TrainingLoss(nn.Module):
         if m.lr_prior is not None:  # the same prior p1 uses, at each head's own position
             prior = m.prior(src, tpos.expand(len(src), -1, -1))
             logits = logits + (prior.detach() if cfg.stage == "base" else prior)
+        if m.cfg.nbr_prior:  # heads 2..K's own prior over offsets from decoded neighbours
+            j = torch.tensor(groups, device=h.device) + off0 + 1  # head number: 2..K
+            keep = j >= 2  # head1="layer": group 0 is p1, which has none
+            nbr = m.neighbour_prior(tgt, tpos[:, keep].expand(len(src), -1, -1), j[keep])
+            logits = torch.cat([logits[..., ~keep, :], logits[..., keep, :] + nbr], dim=-2)
         per_head = []
         for j in range(len(groups)):
             valid = tpos[:, j] < SEQ_LEN
@@ -198,11 +204,11 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
                 raise ValueError(f"--init-from {cfg.init_from}: its {f}={getattr(model.cfg, f)} does not "
                                  f"match preset {cfg.preset!r} ({getattr(want, f)})")
         # grow a model that lacks the preset's input skip or prior: new parts start at zero
-        grow = {f: True for f in ("lr_skip", "lr_prior") if getattr(want, f) and not getattr(model.cfg, f)}
+        grow = {f: True for f in ("lr_skip", "lr_prior", "nbr_prior") if getattr(want, f) and not getattr(model.cfg, f)}
         if grow:
             grown = ImageTransformerSR(replace(model.cfg, **grow))
             missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
-            assert set(missing) <= {"lr_emb.weight", "lr_prior"} and not unexpected, (missing, unexpected)
+            assert set(missing) <= {"lr_emb.weight", "lr_prior", "heads.nbr_prior"} and not unexpected, (missing, unexpected)
             model = grown
         return model
     torch.manual_seed(cfg.seed)  # the same run config gives the same initial weights
@@ -280,7 +286,13 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     params = [p for p in model.parameters() if p.requires_grad]
     head_params = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith("heads.")]
     base_params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("heads.")]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=cfg.weight_decay)
+    # the neighbour prior's tables take a larger step: they start at zero and must grow to
+    # log-probability size (a few nats), which at the network's rate would take thousands of steps
+    tables = [p for n, p in model.named_parameters() if p.requires_grad and n == "heads.nbr_prior"]
+    groups = [{"params": [p for p in params if all(p is not t for t in tables)], "lr_mult": 1.0}]
+    if tables:
+        groups.append({"params": tables, "lr_mult": TABLE_LR_MULT})
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=cfg.weight_decay)
     step, best = 0, float("inf")
     if resume:
         ck = load_checkpoint(ckpt_path)
@@ -320,6 +332,10 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     bar = tqdm(total=cfg.max_steps if cfg.max_steps < 10**9 else None, initial=step,
                disable=not progress or rank != 0, unit="step", dynamic_ncols=True)
     last = {}
+    # the priors' table lookups sum their gradients in a thread-dependent order unless asked not
+    # to (measured: no slower here); in a fixed order --resume continues bit for bit
+    determinism = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         while step < cfg.max_steps and not _should_stop(stop["flag"] or (time.time() - t_start) / 60 >= cfg.max_minutes, ddp):
             epoch, i = divmod(step, per_epoch)
@@ -330,7 +346,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             tgt = torch.from_numpy(to_tokens(train_imgs[idx])).to(cfg.device)
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             for g in opt.param_groups:
-                g["lr"] = lr_at(step + 1, cfg)
+                g["lr"] = lr_at(step + 1, cfg) * g["lr_mult"]
             with torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16):
                 base_loss, head_loss, per_head = loss_fn(src, tgt, gen)
             w_base = 0.0 if cfg.stage == "heads" else 1.0
@@ -368,6 +384,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
                 save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
                 last_ckpt = time.time()
     finally:
+        torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
         signal.signal(signal.SIGINT, old_handlers[0])
         signal.signal(signal.SIGTERM, old_handlers[1])
         bar.close()

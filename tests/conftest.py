@@ -19,6 +19,8 @@ def make_tiny(seed: int = 0, **overrides) -> ImageTransformerSR:
         torch.nn.init.normal_(m.lr_emb.weight, std=0.1)
     if m.lr_prior is not None:  # likewise the prior
         torch.nn.init.normal_(m.lr_prior, std=1.0)
+    if m.heads is not None and m.heads.nbr_prior is not None:  # and the heads' neighbour prior
+        torch.nn.init.normal_(m.heads.nbr_prior, std=1.0)
     return m
 
 

@@ -114,20 +114,65 @@ def test_nested_heads_give_the_same_first_k_heads():
     m = make_tiny(4).double()
     h = torch.randn(5, m.cfg.d_model, dtype=torch.float64)
     src, pos = torch.randint(0, 256, (5, 192)), torch.tensor([0, 7, 100, 3066, 3071])
+    toks = torch.randint(0, 256, (5, SEQ_LEN))
     with torch.no_grad():
-        all_k = m.head_logits(h, m.cfg.n_blockwise, src, pos)
+        all_k = m.head_logits(h, m.cfg.n_blockwise, src, pos, toks)
         for k in (1, 2, 4, 6):
-            torch.testing.assert_close(m.head_logits(h, k, src, pos), all_k[:, :k], rtol=0, atol=1e-12)
+            torch.testing.assert_close(m.head_logits(h, k, src, pos, toks), all_k[:, :k], rtol=0, atol=1e-12)
         torch.testing.assert_close(all_k[:, 0], m.logits(h, src, pos))
         # head j carries the prior of the position it predicts (p1's position + j - 1)
-        no_prior = make_tiny(4, lr_prior=False).double().head_logits(h, 3)
-        torch.testing.assert_close(all_k[:, 2] - no_prior[:, 2], m.prior(src, (pos + 2).clamp(max=SEQ_LEN - 1)))
+        # (and head j >= 2 its neighbour prior, tested below)
+        no_prior = make_tiny(4, lr_prior=False, nbr_prior=False).double().head_logits(h, 3)
+        torch.testing.assert_close(all_k[:, 2] - no_prior[:, 2], m.prior(src, (pos + 2).clamp(max=SEQ_LEN - 1))
+                                   + m.neighbour_prior(toks, pos + 2, torch.tensor(3)))
         with pytest.raises(ValueError, match="lr_prior"):
             m.logits(h)
+        with pytest.raises(ValueError, match="nbr_prior"):
+            m.head_logits(h, 3, src, pos)
+
+
+def test_nbr_prior_scores_offsets_from_decoded_neighbours_only():
+    """Head j (predicting p1's position t + j - 1) adds table[j-2, 0, ch] at (value - the nearest
+    same-channel intensity to the left that is decoded, i.e. before t) and table[j-2, 1, ch] at
+    (value - the one above); nothing for a missing neighbour, nothing for p1, and tokens at or
+    after t (not decoded yet) never matter."""
+    m = make_tiny(9).double()
+    K = m.cfg.n_blockwise
+    h = torch.randn(2, 6, m.cfg.d_model, dtype=torch.float64)
+    src, toks = torch.randint(0, 256, (2, 192)), torch.randint(0, 256, (2, SEQ_LEN))
+    pos = torch.tensor([[0, 1, 96, 200, 3065, 3071], [3, 97, 500, 1000, 2000, 3070]])
+    plain = make_tiny(9, nbr_prior=False).double()
+    with torch.no_grad():
+        got = m.head_logits(h, K, src, pos, toks) - plain.head_logits(h, K, src, pos)
+        later = toks.clone()
+        for b in range(2):  # scramble everything not decoded yet at each query: no change allowed
+            for i in range(6):
+                t = int(pos[b, i])
+                later[b, t:] = torch.randint(0, 256, (SEQ_LEN - t,))
+                torch.testing.assert_close(m.head_logits(h[b:b + 1, i], K, src[b:b + 1], pos[b:b + 1, i], later[b:b + 1]),
+                                           m.head_logits(h[b:b + 1, i], K, src[b:b + 1], pos[b:b + 1, i], toks[b:b + 1]),
+                                           rtol=0, atol=0)
+                later[b] = toks[b]
+    tab = m.heads.nbr_prior
+    for b in range(2):
+        for i in range(6):
+            t0 = int(pos[b, i])
+            assert got[b, i, 0].abs().max() == 0  # p1: untouched
+            for j in range(2, K + 1):
+                t = t0 + j - 1
+                want = torch.zeros(256, dtype=torch.float64)
+                if t < SEQ_LEN:
+                    r, c, ch = t // 96, (t // 3) % 32, t % 3
+                    back = -(-j // 3)  # nearest decoded pixel of the row: t - 3*back < t0
+                    if c >= back:
+                        want += tab[j - 2, 0, ch, torch.arange(256) - toks[b, t - 3 * back] + 255]
+                    if r >= 1:
+                        want += tab[j - 2, 1, ch, torch.arange(256) - toks[b, t - 96] + 255]
+                torch.testing.assert_close(got[b, i, j - 1], want, rtol=0, atol=1e-12)
 
 
 def test_paper_head1_layer_option_routes_p1_through_heads():
-    m = make_tiny(5, head1="layer", lr_prior=False).double()
+    m = make_tiny(5, head1="layer", lr_prior=False, nbr_prior=False).double()
     h = torch.randn(3, m.cfg.d_model, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(m.head_logits(h, 3)[:, 0], m.logits(h))

@@ -222,3 +222,31 @@ def test_lr_prior_starts_from_the_datas_offset_histogram(small_data, tmp_path, m
     old = save_weights(make_tiny(2, lr_prior=False), tmp_path / "old")
     train(cfg(small_data, "h", stage="heads", max_steps=1, init_from=str(old)), progress=False)
     assert not load_checkpoint(tmp_path / "cache/h/last.pt")["model"]["lr_prior"].any()
+
+
+def test_weights_without_nbr_prior_grow_it_unchanged_and_training_moves_it(small_data, tmp_path, monkeypatch):
+    """The shipped weights before session 14 had no neighbour prior: a warm start grows it at zero,
+    so every head's logits are the old model's; then the heads stage trains the tables (their
+    own, larger step) and nothing of the base."""
+    monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
+    from conftest import make_tiny
+    from sr_blockwise.checkpoints import save_weights
+    from sr_blockwise.model import SEQ_LEN
+    from sr_blockwise.train import TABLE_LR_MULT, init_model
+    old = make_tiny(4, nbr_prior=False)
+    path = save_weights(old, tmp_path / "old")
+    grown = init_model(cfg(small_data, "g", init_from=str(path))).eval()
+    assert grown.cfg.nbr_prior and not grown.heads.nbr_prior.any()
+    src, tgt = torch.randint(0, 256, (2, 192)), torch.randint(0, 256, (2, SEQ_LEN))
+    with torch.no_grad():
+        h = old(src, tgt)
+        torch.testing.assert_close(grown.head_logits(h, 10, src, tokens=tgt), old.head_logits(h, 10, src),
+                                   rtol=0, atol=0)
+    train(cfg(small_data, "h", stage="heads", max_steps=3, init_from=str(path)), progress=False)
+    after = load_checkpoint(tmp_path / "cache/h/last.pt")
+    tab = after["model"]["heads.nbr_prior"]
+    # Adam's first steps move each entry by about the learning rate: the tables' is larger
+    assert tab.abs().max() > 0.5 * TABLE_LR_MULT * lr_at(1, cfg(small_data, "h"))
+    for k, v in old.state_dict().items():
+        if not k.startswith("heads."):
+            assert torch.equal(after["model"][k], v), k
