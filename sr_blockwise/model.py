@@ -30,9 +30,10 @@ Deviations from the paper, each for a reason written next to it:
   channel to its left in the row, and the one above. Why: on cpu-frozen's greedy outputs, heads 2
   and 3 landed within 2 levels of greedy's token less often (45%) than simply copying the
   pixel to the left (51%): the decoder state does not carry recent intensities in a form the
-  one-layer heads can read. Fitting just these tables, the rest frozen, raised heads 2..6 from
-  37-50% to 54-58% within 2 levels (12 faces). p1 never gets it, so a frozen base still decodes
-  exactly like the base. Zero in a fresh model: old weights load and compute unchanged.
+  one-layer heads can read. Fitting just these tables to 48 training faces, the rest frozen,
+  raised heads 2..6 from 37-50% to 54-58% within 2 levels (greedy outputs of 8 validation faces,
+  a one-off measurement in session 14). p1 never gets it, so a frozen base still decodes exactly
+  like the base. Zero in a fresh model: old weights load and compute unchanged.
 """
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ def test_roundtrip_gives_the_same_model(tmp_path):
     assert not b.training
     with torch.no_grad():
         k = m.cfg.n_blockwise
-        torch.testing.assert_close(a.head_logits(a(src, tgt), k, src), b.head_logits(b(src, tgt), k, src),
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(a.head_logits(a(src, tgt), k, src, tokens=tgt),
+                                   b.head_logits(b(src, tgt), k, src, tokens=tgt), rtol=0, atol=0)
 
 
 def test_wrong_or_damaged_weights_are_refused(tmp_path):
