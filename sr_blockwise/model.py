@@ -477,7 +477,8 @@ class ImageTransformerSR(nn.Module):
     def for_inference(self, dtype: torch.dtype = torch.bfloat16) -> "ImageTransformerSR":
         """Cast for decoding: everything in `dtype` except the output projection (float64)."""
         prior = None if self.lr_prior is None else self.lr_prior.detach().double()
-        nbr = None if self.heads is None or self.heads.nbr_prior is None else self.heads.nbr_prior.detach().double()
+        has_nbr = self.heads is not None and self.heads.nbr_prior is not None
+        nbr = self.heads.nbr_prior.detach().double() if has_nbr else None
         self.eval().to(dtype)
         self.lm_head.double()
         if prior is not None:  # added to the float64 logits: keep it in float64 too

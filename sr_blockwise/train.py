@@ -204,11 +204,13 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
                 raise ValueError(f"--init-from {cfg.init_from}: its {f}={getattr(model.cfg, f)} does not "
                                  f"match preset {cfg.preset!r} ({getattr(want, f)})")
         # grow a model that lacks the preset's input skip or prior: new parts start at zero
-        grow = {f: True for f in ("lr_skip", "lr_prior", "nbr_prior") if getattr(want, f) and not getattr(model.cfg, f)}
+        grow = {f: True for f in ("lr_skip", "lr_prior", "nbr_prior")
+                if getattr(want, f) and not getattr(model.cfg, f)}
         if grow:
             grown = ImageTransformerSR(replace(model.cfg, **grow))
             missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
-            assert set(missing) <= {"lr_emb.weight", "lr_prior", "heads.nbr_prior"} and not unexpected, (missing, unexpected)
+            new_parts = {"lr_emb.weight", "lr_prior", "heads.nbr_prior"}
+            assert set(missing) <= new_parts and not unexpected, (missing, unexpected)
             model = grown
         return model
     torch.manual_seed(cfg.seed)  # the same run config gives the same initial weights
@@ -334,7 +336,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     last = {}
     # the priors' table lookups sum their gradients in a thread-dependent order unless asked not
     # to (measured: no slower here); in a fixed order --resume continues bit for bit
-    determinism = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    determinism = (torch.are_deterministic_algorithms_enabled(),
+                   torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         while step < cfg.max_steps and not _should_stop(stop["flag"] or (time.time() - t_start) / 60 >= cfg.max_minutes, ddp):
