@@ -156,6 +156,14 @@ def attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.softmax(s_t, dim=-2).transpose(-1, -2).contiguous() @ v.double()
 
 
+def offset_log_prior(table: torch.Tensor, row: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """A learned log-prior over (intensity - a reference intensity), as the priors store it:
+    table (..., 511) with entry o + 255 for offset o, row (B, ...) which of its rows (flattened
+    over the leading dims), ref (B, ...) the reference -> (B, ..., 256), one score per intensity."""
+    idx = row.unsqueeze(-1) * (2 * VOCAB - 1) + torch.arange(VOCAB, device=ref.device) - ref.unsqueeze(-1) + VOCAB - 1
+    return table.flatten()[idx]
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, cross: bool = False):
         super().__init__()
@@ -386,9 +394,7 @@ class ImageTransformerSR(nn.Module):
         if self.lr_prior is None:
             return None
         pos = pos.clamp(max=SEQ_LEN - 1)
-        cell = self.cell_intensity(src, pos)
-        idx = torch.arange(VOCAB, device=pos.device) - cell.unsqueeze(-1) + (VOCAB - 1)
-        return self.lr_prior.flatten()[idx + (2 * VOCAB - 1) * self.tgt_ch[pos].unsqueeze(-1)]
+        return offset_log_prior(self.lr_prior, self.tgt_ch[pos], self.cell_intensity(src, pos))
 
     def _with_prior(self, logits, src, pos):
         if self.lr_prior is None:
@@ -410,14 +416,11 @@ class ImageTransformerSR(nn.Module):
         ch, col = self.tgt_ch[t], self.tgt_c[t]
         back = (j + 2) // 3  # pixels back to the nearest decoded same channel: ceil(j / 3)
         refs = ((t - 3 * back, col >= back), (t - 3 * IMAGE_SIZE, t >= 3 * IMAGE_SIZE))
-        flat = tokens.shape[0], -1
         out = 0
         for r, (rpos, ok) in enumerate(refs):
-            ok = ok & (tpos < SEQ_LEN)
-            val = torch.gather(tokens, 1, rpos.clamp(min=0).reshape(flat)).view_as(rpos)
-            row = (((j - 2) * 2 + r) * CHANNELS + ch) * (2 * VOCAB - 1)
-            idx = row.unsqueeze(-1) + torch.arange(VOCAB, device=t.device) - val.unsqueeze(-1) + VOCAB - 1
-            out = out + tab.flatten()[idx] * ok.unsqueeze(-1)
+            val = torch.gather(tokens, 1, rpos.clamp(min=0).reshape(tokens.shape[0], -1)).view_as(rpos)
+            row = ((j - 2) * 2 + r) * CHANNELS + ch  # the table's row for (head, reference, channel)
+            out = out + offset_log_prior(tab, row, val) * (ok & (tpos < SEQ_LEN)).unsqueeze(-1)
         return out
 
     @staticmethod
