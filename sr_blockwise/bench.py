@@ -150,16 +150,18 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def train_throughput(preset_name: str = "cpu", batch: int = 8, steps: int = 5) -> dict:
-    """Images/s of real training steps (bf16 autocast, base stage with heads) and the FLOPs they
-    do, counted by torch's FlopCounterMode, as a fraction of the measured bf16 matmul rate."""
+def train_throughput(preset_name: str = "cpu", batch: int = 8, steps: int = 5, stage: str = "base",
+                     head_frac: float = 0.1) -> dict:
+    """Images/s of real training steps (bf16 autocast, the heads' loss on head_frac of the
+    positions, deterministic algorithms on as in `train`) and the FLOPs they do, counted by
+    torch's FlopCounterMode, as a fraction of the measured bf16 matmul rate."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from .train import TrainConfig, TrainingLoss
 
     torch.manual_seed(0)
     model = ImageTransformerSR(preset(preset_name))
-    cfg = TrainConfig(preset=preset_name, batch_size=batch, head_frac=0.1)
+    cfg = TrainConfig(preset=preset_name, stage=stage, batch_size=batch, head_frac=head_frac)
     loss_fn = TrainingLoss(model, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     src = torch.randint(0, 256, (batch, 192))
@@ -172,16 +174,23 @@ def train_throughput(preset_name: str = "cpu", batch: int = 8, steps: int = 5) -
         (base + heads).backward()
         opt.step()
 
-    counter = FlopCounterMode(display=False)
-    with counter:
-        step()
-    flops = counter.get_total_flops()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sec = (time.perf_counter() - t0) / steps
+    determinism = (torch.are_deterministic_algorithms_enabled(),
+                   torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step()
+        flops = counter.get_total_flops()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sec = (time.perf_counter() - t0) / steps
+    finally:
+        torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
     peak = matmul_rate(torch.bfloat16)
-    return {"preset": preset_name, "batch": batch, "images_per_s": batch / sec,
+    return {"preset": preset_name, "stage": stage, "head_frac": head_frac, "batch": batch,
+            "seconds_per_step": sec, "images_per_s": batch / sec,
             "gflop_per_image": flops / batch / 1e9, "achieved_gflops": flops / sec / 1e9,
             "bf16_matmul_gflops": peak / 1e9, "fraction_of_matmul_rate": flops / sec / peak,
             "machine": machine()}

@@ -103,7 +103,7 @@ def cmd_bench(a):
 def cmd_bench_train(a):
     from .bench import train_throughput
 
-    r = train_throughput(a.preset, a.batch_size, a.steps)
+    r = train_throughput(a.preset, a.batch_size, a.steps, a.stage, a.head_frac)
     for k, v in r.items():
         print(f"{k:>26}: {v:.3f}" if isinstance(v, float) else f"{k:>26}: {v}")
     return 0
@@ -206,4 +206,6 @@ def register(sub):
     p.add_argument("--preset", default="cpu")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--stage", choices=["base", "heads", "finetune"], default="base")
+    p.add_argument("--head-frac", type=float, default=0.1, help="positions the heads' loss is taken at")
     p.set_defaults(func=cmd_bench_train)

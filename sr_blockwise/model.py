@@ -159,8 +159,18 @@ def attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def offset_log_prior(table: torch.Tensor, row: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """A learned log-prior over (intensity - a reference intensity), as the priors store it:
     table (..., 511) with entry o + 255 for offset o, row (B, ...) which of its rows (flattened
-    over the leading dims), ref (B, ...) the reference -> (B, ..., 256), one score per intensity."""
-    idx = row.unsqueeze(-1) * (2 * VOCAB - 1) + torch.arange(VOCAB, device=ref.device) - ref.unsqueeze(-1) + VOCAB - 1
+    over the leading dims), ref (B, ...) the reference -> (B, ..., 256), one score per intensity.
+    Intensity v's score is entry v - ref + 255: a window of 256 consecutive entries."""
+    n_rows = table.numel() // (2 * VOCAB - 1)
+    start = VOCAB - 1 - ref  # where the window starts in the row
+    if ref.numel() > n_rows * VOCAB:
+        # many lookups (training: every position of a batch, 9 heads): copy out every window
+        # once and read whole windows as embedding rows. Gathering 256 single entries per lookup
+        # instead built a 256x larger index and was most of a fine-tuning step (measured).
+        windows = table.reshape(n_rows, 2 * VOCAB - 1).unfold(1, VOCAB, 1).reshape(n_rows * VOCAB, VOCAB)
+        return F.embedding(row * VOCAB + start, windows)
+    # a few lookups (decoding): cheaper than copying out the windows
+    idx = (row * (2 * VOCAB - 1) + start).unsqueeze(-1) + torch.arange(VOCAB, device=ref.device)
     return table.flatten()[idx]
 
 
@@ -305,7 +315,12 @@ class BlockwiseHeads(nn.Module):
         b2 = self.down.bias[: g * self.d]
         z = F.linear(F.gelu(F.linear(h, W1, b1)), W2, b2)
         z = z.view(*h.shape[:-1], g, self.d) + h.unsqueeze(-2)
-        return torch.stack([self.norms[i](z[..., i, :]) for i in range(g)], dim=-2)
+        # the g LayerNorms at once (one per group, as a LayerNorm each would: norm, then affine);
+        # per group, the slices' backward filled a zero tensor per group (measured)
+        w = torch.stack([n.weight for n in self.norms[:g]])
+        b = torch.stack([n.bias for n in self.norms[:g]])
+        zn = F.layer_norm(z.float(), (self.d,), eps=self.norms[0].eps) * w.float() + b.float()
+        return zn.to(z.dtype)  # rounded once, as LayerNorm's own kernel rounds a bf16 result
 
 
 # ---------------------------------------------------------------- the model

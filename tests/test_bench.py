@@ -21,3 +21,6 @@ def test_oracle_accepts_k_per_call_and_tables_are_complete():
 def test_train_throughput_counts_flops():
     r = train_throughput("tiny", batch=2, steps=1)
     assert r["gflop_per_image"] > 0.1 and 0 < r["fraction_of_matmul_rate"] < 1
+    ft = train_throughput("tiny", batch=2, steps=1, stage="finetune", head_frac=0.5)
+    assert (ft["stage"], ft["head_frac"]) == ("finetune", 0.5)
+    assert ft["gflop_per_image"] > r["gflop_per_image"]  # backward through the base for 5x the heads' positions

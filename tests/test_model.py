@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import make_tiny
-from sr_blockwise.model import SEQ_LEN, ImageTransformerSR, ModelConfig, local_mask, preset
+from sr_blockwise.model import SEQ_LEN, ImageTransformerSR, ModelConfig, local_mask, offset_log_prior, preset
 
 
 def test_block_local_attention_equals_masked_full_attention():
@@ -169,6 +169,21 @@ def test_nbr_prior_scores_offsets_from_decoded_neighbours_only():
                     if r >= 1:
                         want += tab[j - 2, 1, ch, torch.arange(256) - toks[b, t - 96] + 255]
                 torch.testing.assert_close(got[b, i, j - 1], want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_lookups", [5, 3000])  # a few (decoding's gather) and many (training's windows)
+def test_offset_log_prior_reads_entry_value_minus_ref_and_sends_gradients_there(n_lookups):
+    table = torch.randn(2, 3, 511, dtype=torch.float64, requires_grad=True)
+    row, ref = torch.randint(0, 6, (2, n_lookups)), torch.randint(0, 256, (2, n_lookups))
+    out = offset_log_prior(table, row, ref)
+    want = table.detach().flatten(0, 1)[row.unsqueeze(-1), torch.arange(256) - ref.unsqueeze(-1) + 255]
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    weight = torch.randn_like(out)
+    (out * weight).sum().backward()
+    grad = torch.zeros(6, 511, dtype=torch.float64)
+    grad.index_put_((row.unsqueeze(-1).expand_as(out), (torch.arange(256) - ref.unsqueeze(-1) + 255)), weight,
+                    accumulate=True)
+    torch.testing.assert_close(table.grad.flatten(0, 1), grad)
 
 
 def test_paper_head1_layer_option_routes_p1_through_heads():
