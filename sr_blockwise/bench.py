@@ -154,7 +154,10 @@ def train_throughput(preset_name: str = "cpu", batch: int = 8, steps: int = 5, s
                      head_frac: float = 0.1) -> dict:
     """Images/s of real training steps (bf16 autocast, the heads' loss on head_frac of the
     positions, deterministic algorithms on as in `train`) and the FLOPs they do, counted by
-    torch's FlopCounterMode, as a fraction of the measured bf16 matmul rate."""
+    torch's FlopCounterMode, as a fraction of the measured bf16 matmul rate. stage: "base" or
+    "finetune" (the heads stage, which freezes the base, is not what this step does)."""
+    if stage not in ("base", "finetune"):
+        raise ValueError(f"stage {stage!r}: bench-train times the base or finetune stage")
     from torch.utils.flop_counter import FlopCounterMode
 
     from .train import TrainConfig, TrainingLoss

@@ -206,6 +206,7 @@ def register(sub):
     p.add_argument("--preset", default="cpu")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--stage", choices=["base", "heads", "finetune"], default="base")
+    # (not the heads stage: it freezes the base, which this bench's step does not)
+    p.add_argument("--stage", choices=["base", "finetune"], default="base")
     p.add_argument("--head-frac", type=float, default=0.1, help="positions the heads' loss is taken at")
     p.set_defaults(func=cmd_bench_train)

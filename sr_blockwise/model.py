@@ -164,12 +164,13 @@ def offset_log_prior(table: torch.Tensor, row: torch.Tensor, ref: torch.Tensor) 
     n_rows = table.numel() // (2 * VOCAB - 1)
     start = VOCAB - 1 - ref  # where the window starts in the row
     if ref.numel() > n_rows * VOCAB:
-        # many lookups (training: every position of a batch, 9 heads): copy out every window
-        # once and read whole windows as embedding rows. Gathering 256 single entries per lookup
-        # instead built a 256x larger index and was most of a fine-tuning step (measured).
+        # more lookups than the table has windows (training: every position of a batch, 9 heads;
+        # a full forward): copy out every window once and read whole windows as embedding rows.
+        # Gathering 256 single entries per lookup built a 256x larger index, and was most of a
+        # fine-tuning step (measured).
         windows = table.reshape(n_rows, 2 * VOCAB - 1).unfold(1, VOCAB, 1).reshape(n_rows * VOCAB, VOCAB)
         return F.embedding(row * VOCAB + start, windows)
-    # a few lookups (decoding): cheaper than copying out the windows
+    # fewer lookups (a decoding step): cheaper than copying out the windows
     idx = (row * (2 * VOCAB - 1) + start).unsqueeze(-1) + torch.arange(VOCAB, device=ref.device)
     return table.flatten()[idx]
 
@@ -319,8 +320,9 @@ class BlockwiseHeads(nn.Module):
         # per group, the slices' backward filled a zero tensor per group (measured)
         w = torch.stack([n.weight for n in self.norms[:g]])
         b = torch.stack([n.bias for n in self.norms[:g]])
-        zn = F.layer_norm(z.float(), (self.d,), eps=self.norms[0].eps) * w.float() + b.float()
-        return zn.to(z.dtype)  # rounded once, as LayerNorm's own kernel rounds a bf16 result
+        acc = torch.promote_types(z.dtype, torch.float32)  # bf16 in, float32 math, rounded once
+        zn = F.layer_norm(z.to(acc), (self.d,), eps=self.norms[0].eps) * w.to(acc) + b.to(acc)
+        return zn.to(z.dtype)  # as LayerNorm's own kernel rounds a bf16 result
 
 
 # ---------------------------------------------------------------- the model

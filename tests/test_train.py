@@ -89,6 +89,33 @@ def test_base_stage_heads_do_not_move_the_base():
         assert moved == name.startswith("heads."), name
 
 
+@pytest.mark.parametrize("head1,head_loss", [("base", "sum"), ("layer", "sum"), ("layer", "random")])
+def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss):
+    """Every head's training loss is the cross-entropy of the logits decoding gets from
+    `head_logits` (priors included) at the token it predicts, over the targets inside the image."""
+    from conftest import make_tiny
+    from sr_blockwise.model import SEQ_LEN
+    from sr_blockwise.train import TrainingLoss
+    model = make_tiny(5, head1=head1).double().train()
+    cfg = TrainConfig(preset="tiny", stage="finetune", head_frac=1.0, head_loss=head_loss)
+    src, tgt = torch.randint(0, 256, (1, 192)), torch.randint(0, 256, (1, SEQ_LEN))
+    _, head_loss_value, per_head = TrainingLoss(model, cfg)(src, tgt, torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)  # the positions and head the loss drew
+    pos = torch.randperm(SEQ_LEN, generator=gen)[None]
+    G, K = model.cfg.n_groups, model.cfg.n_blockwise
+    groups = [int(torch.randint(G, (1,), generator=gen))] if head_loss == "random" else list(range(G))
+    with torch.no_grad():
+        logits = model.head_logits(model(src, tgt)[:, pos[0]], K, src, pos, tgt)  # (1, 3072, K, 256)
+    want = []
+    for g in groups:
+        j = g + (K - G)  # head1="base": group g is head g + 2 (index g + 1); "layer": head g + 1
+        t = pos[0] + j
+        valid = t < SEQ_LEN  # the last j positions have nothing that far ahead
+        want.append(float(torch.nn.functional.cross_entropy(logits[0, valid, j], tgt[0, t[valid]])))
+    assert per_head == pytest.approx(want, rel=1e-5)
+    assert float(head_loss_value.detach()) == pytest.approx(sum(want) if head_loss == "sum" else want[0] * G, rel=1e-5)
+
+
 def test_base_stage_training_with_heads_equals_training_without(small_data, tmp_path, monkeypatch):
     """End to end (optimizer, clipping included): 3 steps with the heads' loss on or off leave the
     same base. Up to bf16 noise: the two runs allocate differently, and oneDNN's bf16 kernels can
