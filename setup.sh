@@ -6,7 +6,7 @@ cd "$(dirname "$0")"
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import sr_blockwise, torch, gradio, playwright" 2>/dev/null; then
+if ! .venv/bin/python -c "import sr_blockwise, torch, gradio, playwright, xdist" 2>/dev/null; then
     .venv/bin/pip install --quiet -e ".[dev]"
 fi
 if ! command -v chromium >/dev/null 2>&1; then

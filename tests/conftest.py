@@ -3,9 +3,15 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers share the 2 cores: a thread each, also in
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses (two each oversubscribe them)
+
 import numpy as np
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 from sr_blockwise.checkpoints import save_weights
 from sr_blockwise.data import DEFAULT_DATA
