@@ -3,7 +3,7 @@ a real headless Chromium. The model is the random tiny one from conftest (no moc
 
 To refresh docs/demo-screenshot.png with real weights:
   SR_BLOCKWISE_DEMO_WEIGHTS=weights/cpu-finetuned.json \
-  SR_BLOCKWISE_DEMO_SCREENSHOT=docs/demo-screenshot.png .venv/bin/python -m pytest -q tests/test_demo.py -k browser
+  SR_BLOCKWISE_DEMO_SCREENSHOT=docs/demo-screenshot.png .venv/bin/python -m pytest -q -n 0 tests/test_demo.py -k browser
 """
 import argparse
 import io
