@@ -160,7 +160,7 @@ def train_throughput(preset_name: str = "cpu", batch: int = 8, steps: int = 5, s
         raise ValueError(f"stage {stage!r}: bench-train times the base or finetune stage")
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .train import TrainConfig, TrainingLoss
+    from .train import TrainConfig, TrainingLoss, deterministic_algorithms
 
     torch.manual_seed(0)
     model = ImageTransformerSR(preset(preset_name))
@@ -177,9 +177,7 @@ def train_throughput(preset_name: str = "cpu", batch: int = 8, steps: int = 5, s
         (base + heads).backward()
         opt.step()
 
-    determinism = (torch.are_deterministic_algorithms_enabled(),
-                   torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    restore_determinism = deterministic_algorithms()  # as train() runs its steps
     try:
         counter = FlopCounterMode(display=False)
         with counter:
@@ -190,7 +188,7 @@ def train_throughput(preset_name: str = "cpu", batch: int = 8, steps: int = 5, s
             step()
         sec = (time.perf_counter() - t0) / steps
     finally:
-        torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
+        restore_determinism()
     peak = matmul_rate(torch.bfloat16)
     return {"preset": preset_name, "stage": stage, "head_frac": head_frac, "batch": batch,
             "seconds_per_step": sec, "images_per_s": batch / sec,
