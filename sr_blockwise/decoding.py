@@ -275,11 +275,10 @@ def _propose(model, h, k, opts, gen, t, rows, src, out, proposer=None):
         logits = model.logits(h, src[rows], t).float() / opts.temperature
         return (logits + gen[rows, t]).argmax(-1, keepdim=True)
     if proposer is None:
-        logits = model.head_logits(h, k, src[rows], t, out[rows])
-        if opts.propose == "window" and opts.eps > 0 and k > 1:
-            # p1's own choice stays its argmax: it is the sure token
-            return torch.cat([logits[:, :1].argmax(-1), window_centre(logits[:, 1:], opts.eps)], 1)
-        return logits.argmax(-1)
+        # p1's own choice is always its argmax: it is the sure token
+        window = opts.propose == "window" and opts.eps > 0
+        return model.draft_heads(h, k, src[rows], t, out[rows],
+                                 (lambda z: window_centre(z, opts.eps)) if window else None)
     first = model.logits(h, src[rows], t).argmax(-1, keepdim=True)
     return torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first
 

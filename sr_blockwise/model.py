@@ -33,7 +33,17 @@ Deviations from the paper, each for a reason written next to it:
   one-layer heads can read. Fitting just these tables to 48 training faces, the rest frozen,
   raised heads 2..6 from 37-50% to 54-58% within 2 levels (greedy outputs of 8 validation faces,
   a one-off measurement in session 14). p1 never gets it, so a frozen base still decodes exactly
-  like the base. Zero in a fresh model: old weights load and compute unchanged.
+  like the base. Zero in a fresh model: old weights load and compute unchanged;
+- nbr_draft=True (the cpu preset since session 16) lets those priors read the block's own
+  earlier proposals ("drafts"), so decoding makes a block's proposals one head at a time
+  (`draft_heads`): the left reference is always the pixel just left, decoded or proposed, and
+  G and B get a third, the pixel's previous channel plus the left pixel's difference of those two
+  channels. Why: the head that most often ends a block is head 2 (accepted on 36% of eps=2 steps
+  with session 15's weights), which had to guess the G after an R it could not see, though
+  that R is p1's own sure proposal. On session 15's greedy outputs (32 test faces) the G/B
+  reference lands within 2 levels of the token 52% of the time against 36% for the pixel to
+  the left. In training and in the exact-mode replay the drafts are the targets themselves:
+  a head's proposal only counts when every proposal before it was accepted.
 """
 from __future__ import annotations
 
@@ -72,6 +82,10 @@ class ModelConfig:
     # add to heads 2..K's logits learned priors over (intensity - an intensity already decoded):
     # the nearest of the same channel to the left, and the one above; (K-1) x 2 x 3 x 511 numbers
     nbr_prior: bool = False
+    # nbr_prior reads the block's own earlier proposals too ("drafts"): the left reference is
+    # always the pixel just left, decoded or proposed, and G and B get a third reference, the
+    # pixel's previous channel plus the left pixel's difference of the two; (K-1) x 3 x 3 x 511
+    nbr_draft: bool = False
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -82,6 +96,8 @@ class ModelConfig:
             raise ValueError(f"n_blockwise must be in 1..16, got {self.n_blockwise}")
         if self.head1 not in ("base", "layer"):
             raise ValueError(f"head1 must be 'base' or 'layer', got {self.head1!r}")
+        if self.nbr_draft and not self.nbr_prior:
+            raise ValueError("nbr_draft extends nbr_prior: it needs nbr_prior=True")
 
     @property
     def n_groups(self) -> int:
@@ -104,11 +120,11 @@ PRESETS = {
     # a few seconds to build; for tests
     "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_enc_layers=1, n_dec_layers=2,
                         block_len=64, n_blockwise=10, head_ff=16, lr_skip=True,
-                        lr_prior=True, nbr_prior=True),
+                        lr_prior=True, nbr_prior=True, nbr_draft=True),
     # the shipped model: 3.3M parameters, ~4 training images/s on 2 Zen 5 cores in bf16, about
     # one epoch of the training split per 2 hours; a 1-token decoding call ~2.3 ms at batch 1
     # (bench-decode), so greedy decoding ~7 s per image alone, less per image in a batch
-    "cpu": ModelConfig(lr_skip=True, lr_prior=True, nbr_prior=True),
+    "cpu": ModelConfig(lr_skip=True, lr_prior=True, nbr_prior=True, nbr_draft=True),
     # img2img_transformer_b3 from PAPER.md, for GPU users
     "paper": ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_enc_layers=4, n_dec_layers=8,
                          block_len=128, n_blockwise=10, head_ff=2048, head1="layer", dropout=0.1),
@@ -302,8 +318,10 @@ class BlockwiseHeads(nn.Module):
         self.register_buffer("tri_mask", (cols <= rows).float(), persistent=False)
         self.premasked = False  # set by ImageTransformerSR.for_inference
         # nbr_prior[j - 1, r, ch, o + 255]: head j+1's log-prior of intensity = reference r's + o
-        # (r = 0: nearest same channel to the left, 1: above); here so the heads stage trains it
-        self.nbr_prior = (nn.Parameter(torch.zeros(cfg.n_blockwise - 1, 2, CHANNELS, 2 * VOCAB - 1))
+        # (r = 0: same channel to the left, 1: above, 2 with nbr_draft: the pixel's previous
+        # channel + the left pixel's difference); here so the heads stage trains it
+        n_refs = 3 if cfg.nbr_draft else 2
+        self.nbr_prior = (nn.Parameter(torch.zeros(cfg.n_blockwise - 1, n_refs, CHANNELS, 2 * VOCAB - 1))
                           if cfg.nbr_prior else None)
 
     def forward(self, h, n_groups: int | None = None):
@@ -426,17 +444,30 @@ class ImageTransformerSR(nn.Module):
     def neighbour_prior(self, tokens: torch.Tensor, tpos: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """nbr_prior's logits (B, ..., g, 256) for head j (g,) (2..K, predicting p1's position +
         j - 1) at target positions tpos (B, ..., g), read from tokens (B, S): the intensities
-        decoded so far (only positions before p1's are read: both references of a head's target
-        lie there). A reference outside the image (first column or row) adds nothing."""
+        decoded so far. Without nbr_draft only positions before p1's are read (both references
+        of a head's target lie there); with it, also the block's proposals before the head's
+        target (`draft_heads` fills them in; in training and replay they are the targets). A
+        reference outside the image (first column or row) adds nothing."""
         tab = self.heads.nbr_prior
         t = tpos.clamp(max=SEQ_LEN - 1)
         ch, col = self.tgt_ch[t], self.tgt_c[t]
-        back = (j + 2) // 3  # pixels back to the nearest decoded same channel: ceil(j / 3)
-        refs = ((t - 3 * back, col >= back), (t - 3 * IMAGE_SIZE, t >= 3 * IMAGE_SIZE))
+        B = tokens.shape[0]
+
+        def read(p):
+            return torch.gather(tokens, 1, p.clamp(min=0).reshape(B, -1)).view_as(p)
+
+        if self.cfg.nbr_draft:
+            left = read(t - 3)
+            # the pixel's previous channel, plus how the left pixel's two channels differ (G and B)
+            grad = (read(t - 1) + left - read(t - 4)).clamp(0, VOCAB - 1)
+            refs = ((left, col >= 1), (read(t - 3 * IMAGE_SIZE), t >= 3 * IMAGE_SIZE),
+                    (grad, (ch > 0) & (col >= 1)))
+        else:
+            back = (j + 2) // 3  # pixels back to the nearest decoded same channel: ceil(j / 3)
+            refs = ((read(t - 3 * back), col >= back), (read(t - 3 * IMAGE_SIZE), t >= 3 * IMAGE_SIZE))
         out = 0
-        for r, (rpos, ok) in enumerate(refs):
-            val = torch.gather(tokens, 1, rpos.clamp(min=0).reshape(tokens.shape[0], -1)).view_as(rpos)
-            row = ((j - 2) * 2 + r) * CHANNELS + ch  # the table's row for (head, reference, channel)
+        for r, (val, ok) in enumerate(refs):
+            row = ((j - 2) * len(refs) + r) * CHANNELS + ch  # the table's row for (head, reference, channel)
             out = out + offset_log_prior(tab, row, val) * (ok & (tpos < SEQ_LEN)).unsqueeze(-1)
         return out
 
@@ -461,6 +492,16 @@ class ImageTransformerSR(nn.Module):
         pos (B, ...): the positions p1 predicts; head j predicts the token j-1 after it.
         tokens (B, S): the intensities decoded so far, at their positions (nbr_prior reads
         them; a whole image's targets in training)."""
+        z, pos = self._heads_before_nbr(h, k, src, pos)
+        if k > 1 and self.cfg.nbr_prior:
+            if tokens is None or pos is None:
+                raise ValueError("this model has nbr_prior: heads 2..k need the decoded tokens and positions")
+            nbr = self.neighbour_prior(tokens, pos[..., 1:], torch.arange(2, k + 1, device=h.device))
+            z = torch.cat([z[..., :1, :], z[..., 1:, :] + nbr.to(z.dtype)], dim=-2)
+        return z
+
+    def _heads_before_nbr(self, h, k, src, pos):
+        """The k heads' logits with lr_prior but without nbr_prior, and each head's position."""
         if self.cfg.head1 == "base":
             z = self.out_proj(h).unsqueeze(-2)
             if k > 1:
@@ -470,13 +511,34 @@ class ImageTransformerSR(nn.Module):
         pos = self._full_positions(h) if pos is None else pos
         if pos is not None:
             pos = pos.unsqueeze(-1) + torch.arange(k, device=h.device)
-        z = self._with_prior(z, src, pos)
-        if k > 1 and self.cfg.nbr_prior:
-            if tokens is None or pos is None:
-                raise ValueError("this model has nbr_prior: heads 2..k need the decoded tokens and positions")
-            nbr = self.neighbour_prior(tokens, pos[..., 1:], torch.arange(2, k + 1, device=h.device))
-            z = torch.cat([z[..., :1, :], z[..., 1:, :] + nbr.to(z.dtype)], dim=-2)
-        return z
+        return self._with_prior(z, src, pos), pos
+
+    def draft_heads(self, h: torch.Tensor, k: int, src: torch.Tensor, pos: torch.Tensor,
+                    tokens: torch.Tensor, choose=None) -> torch.Tensor:
+        """A block's k proposals (b, k) from decoder states h (b, d) that predict positions pos
+        (b,), given the decoded intensities tokens (b, S) (read before pos only). The first is
+        p1's argmax; heads 2..k choose with `choose` (logits (b, 256) -> (b,), default argmax).
+        With nbr_draft a head's prior reads the proposals before it, so they are made one head
+        at a time; each equals what `head_logits` gives when the tokens hold those proposals."""
+        choose = choose or (lambda z: z.argmax(-1))
+        z, _ = self._heads_before_nbr(h, k, src, pos)
+        first = z[:, 0].argmax(-1)
+        if k == 1 or not self.cfg.nbr_prior:
+            return torch.cat([first[:, None], choose(z[:, 1:])], 1) if k > 1 else first[:, None]
+        j = torch.arange(2, k + 1, device=h.device)
+        if not self.cfg.nbr_draft:  # every reference is decoded: all heads at once
+            nbr = self.neighbour_prior(tokens, pos[:, None] + j - 1, j)
+            return torch.cat([first[:, None], choose(z[:, 1:] + nbr.to(z.dtype))], 1)
+        toks = F.pad(tokens, (0, max(0, SEQ_LEN + k - tokens.shape[1])))  # a copy, room past the end
+        rows = torch.arange(len(pos), device=h.device)
+        props = [first]
+        toks[rows, pos] = first
+        for i in range(1, k):
+            u = pos + i
+            nbr = self.neighbour_prior(toks, u[:, None], j[i - 1 : i])[:, 0]
+            props.append(choose(z[:, i] + nbr.to(z.dtype)))
+            toks[rows, u] = props[-1]
+        return torch.stack(props, 1)
 
     # --- full (teacher-forced) forward, used for training and for checking the cache
 

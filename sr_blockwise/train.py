@@ -206,13 +206,18 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
                 raise ValueError(f"--init-from {cfg.init_from}: its {f}={getattr(model.cfg, f)} does not "
                                  f"match preset {cfg.preset!r} ({getattr(want, f)})")
         # grow a model that lacks the preset's input skip or prior: new parts start at zero
-        grow = {f: True for f in ("lr_skip", "lr_prior", "nbr_prior")
+        grow = {f: True for f in ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft")
                 if getattr(want, f) and not getattr(model.cfg, f)}
         if grow:
             grown = ImageTransformerSR(replace(model.cfg, **grow))
-            missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+            state = model.state_dict()
+            old_tab = state.pop("heads.nbr_prior", None)
+            missing, unexpected = grown.load_state_dict(state, strict=False)
             new_parts = {"lr_emb.weight", "lr_prior", "heads.nbr_prior"}
             assert set(missing) <= new_parts and not unexpected, (missing, unexpected)
+            if old_tab is not None:  # nbr_draft adds a third reference (zero); the two others keep
+                with torch.no_grad():  # their tables, the left one now read one pixel back
+                    grown.heads.nbr_prior[:, : old_tab.shape[1]] = old_tab
             model = grown
         return model
     torch.manual_seed(cfg.seed)  # the same run config gives the same initial weights

@@ -122,7 +122,7 @@ def test_nested_heads_give_the_same_first_k_heads():
         torch.testing.assert_close(all_k[:, 0], m.logits(h, src, pos))
         # head j carries the prior of the position it predicts (p1's position + j - 1)
         # (and head j >= 2 its neighbour prior, tested below)
-        no_prior = make_tiny(4, lr_prior=False, nbr_prior=False).double().head_logits(h, 3)
+        no_prior = make_tiny(4, lr_prior=False, nbr_prior=False, nbr_draft=False).double().head_logits(h, 3)
         torch.testing.assert_close(all_k[:, 2] - no_prior[:, 2], m.prior(src, (pos + 2).clamp(max=SEQ_LEN - 1))
                                    + m.neighbour_prior(toks, pos + 2, torch.tensor(3)))
         with pytest.raises(ValueError, match="lr_prior"):
@@ -136,12 +136,12 @@ def test_nbr_prior_scores_offsets_from_decoded_neighbours_only():
     same-channel intensity to the left that is decoded, i.e. before t) and table[j-2, 1, ch] at
     (value - the one above); nothing for a missing neighbour, nothing for p1, and tokens at or
     after t (not decoded yet) never matter."""
-    m = make_tiny(9).double()
+    m = make_tiny(9, nbr_draft=False).double()
     K = m.cfg.n_blockwise
     h = torch.randn(2, 6, m.cfg.d_model, dtype=torch.float64)
     src, toks = torch.randint(0, 256, (2, 192)), torch.randint(0, 256, (2, SEQ_LEN))
     pos = torch.tensor([[0, 1, 96, 200, 3065, 3071], [3, 97, 500, 1000, 2000, 3070]])
-    plain = make_tiny(9, nbr_prior=False).double()
+    plain = make_tiny(9, nbr_prior=False, nbr_draft=False).double()
     with torch.no_grad():
         got = m.head_logits(h, K, src, pos, toks) - plain.head_logits(h, K, src, pos)
         later = toks.clone()
@@ -171,6 +171,73 @@ def test_nbr_prior_scores_offsets_from_decoded_neighbours_only():
                 torch.testing.assert_close(got[b, i, j - 1], want, rtol=0, atol=1e-12)
 
 
+def test_nbr_draft_reads_the_pixel_just_left_and_the_pixels_previous_channel():
+    """With nbr_draft, head j (target u = t + j - 1) adds table[j-2, 0, ch] at (value - the
+    intensity at u-3, decoded or proposed), table[j-2, 1, ch] at (value - the one above) and, for
+    G and B, table[j-2, 2, ch] at (value - clamp(x[u-1] + x[u-3] - x[u-4]))); nothing for a missing
+    reference or for p1, and nothing at or after u ever matters."""
+    m = make_tiny(9).double()
+    assert m.cfg.nbr_draft
+    K = m.cfg.n_blockwise
+    h = torch.randn(2, 5, m.cfg.d_model, dtype=torch.float64)
+    src, toks = torch.randint(0, 256, (2, 192)), torch.randint(0, 256, (2, SEQ_LEN))
+    toks[0, 100:110] = torch.tensor([250, 250, 250, 255, 3, 255, 0, 255, 5, 7])  # clamped references
+    pos = torch.tensor([[0, 1, 96, 101, 3071], [3, 97, 500, 2000, 3066]])
+    plain = make_tiny(9, nbr_prior=False, nbr_draft=False).double()
+    tab = m.heads.nbr_prior
+    with torch.no_grad():
+        got = m.head_logits(h, K, src, pos, toks) - plain.head_logits(h, K, src, pos)
+        for b in range(2):
+            for i in range(5):
+                t0 = int(pos[b, i])
+                assert got[b, i, 0].abs().max() == 0  # p1: untouched
+                for j in range(2, K + 1):
+                    u = t0 + j - 1
+                    want = torch.zeros(256, dtype=torch.float64)
+                    if u < SEQ_LEN:
+                        r, c, ch = u // 96, (u // 3) % 32, u % 3
+                        v = torch.arange(256)
+                        if c >= 1:
+                            want += tab[j - 2, 0, ch, v - toks[b, u - 3] + 255]
+                        if r >= 1:
+                            want += tab[j - 2, 1, ch, v - toks[b, u - 96] + 255]
+                        if c >= 1 and ch > 0:
+                            ref = (toks[b, u - 1] + toks[b, u - 3] - toks[b, u - 4]).clamp(0, 255)
+                            want += tab[j - 2, 2, ch, v - ref + 255]
+                        later = toks[b:b + 1].clone()  # scramble the target and after it: no change
+                        later[0, u:] = torch.randint(0, 256, (SEQ_LEN - u,))
+                        hj = m.head_logits(h[b:b + 1, i], K, src[b:b + 1], pos[b:b + 1, i], later)[0, j - 1]
+                        torch.testing.assert_close(hj, m.head_logits(h[b:b + 1, i], K, src[b:b + 1], pos[b:b + 1, i],
+                                                                     toks[b:b + 1])[0, j - 1], rtol=0, atol=0)
+                    torch.testing.assert_close(got[b, i, j - 1], want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("nbr_draft", [True, False])
+@pytest.mark.parametrize("window", [False, True])
+def test_draft_heads_propose_what_head_logits_give_on_those_proposals(nbr_draft, window):
+    """Decoding makes a block's proposals one head at a time (with nbr_draft a head reads the
+    proposals before it); each must be the choice of `head_logits` (the logits training and
+    replay use) when the decoded tokens are followed by the block's own proposals."""
+    from sr_blockwise.decoding import window_centre
+    m = make_tiny(3, nbr_draft=nbr_draft).double()
+    K = m.cfg.n_blockwise
+    pos = torch.tensor([0, 1, 95, 96, 290, 3065, 3070, 3071])
+    b = len(pos)
+    h = torch.randn(b, m.cfg.d_model, dtype=torch.float64)
+    src, toks = torch.randint(0, 256, (b, 192)), torch.randint(0, 256, (b, SEQ_LEN + K))
+    choose = (lambda z: window_centre(z, 2)) if window else None
+    with torch.no_grad():
+        for k in (1, 2, 6, K):
+            props = m.draft_heads(h, k, src, pos, toks, choose)
+            filled = toks.clone()
+            for r in range(b):
+                filled[r, pos[r]:pos[r] + k] = props[r]
+            z = m.head_logits(h, k, src, pos, filled)
+            want = z.argmax(-1) if not window else torch.cat([z[:, :1].argmax(-1), window_centre(z[:, 1:], 2)], 1)
+            assert torch.equal(props, want), k
+            assert torch.equal(props[:, 0], m.logits(h, src, pos).argmax(-1))  # p1 is the sure token
+
+
 @pytest.mark.parametrize("n_lookups", [5, 3000])  # a few (decoding's gather) and many (training's windows)
 def test_offset_log_prior_reads_entry_value_minus_ref_and_sends_gradients_there(n_lookups):
     table = torch.randn(2, 3, 511, dtype=torch.float64, requires_grad=True)
@@ -187,7 +254,7 @@ def test_offset_log_prior_reads_entry_value_minus_ref_and_sends_gradients_there(
 
 
 def test_paper_head1_layer_option_routes_p1_through_heads():
-    m = make_tiny(5, head1="layer", lr_prior=False, nbr_prior=False).double()
+    m = make_tiny(5, head1="layer", lr_prior=False, nbr_prior=False, nbr_draft=False).double()
     h = torch.randn(3, m.cfg.d_model, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(m.head_logits(h, 3)[:, 0], m.logits(h))

@@ -251,6 +251,19 @@ def test_lr_prior_starts_from_the_datas_offset_histogram(small_data, tmp_path, m
     assert not load_checkpoint(tmp_path / "cache/h/last.pt")["model"]["lr_prior"].any()
 
 
+def test_weights_without_nbr_draft_keep_their_tables_and_grow_the_third_at_zero(small_data, tmp_path):
+    """Session 15's weights have the neighbour prior without drafts: a warm start keeps their two
+    tables (the left one is then read one pixel back) and adds the third reference at zero."""
+    from conftest import make_tiny
+    from sr_blockwise.checkpoints import save_weights
+    from sr_blockwise.train import init_model
+    old = make_tiny(4, nbr_draft=False)
+    grown = init_model(cfg(small_data, "g", init_from=str(save_weights(old, tmp_path / "old"))))
+    assert grown.cfg.nbr_draft and grown.heads.nbr_prior.shape[1] == 3
+    assert torch.equal(grown.heads.nbr_prior[:, :2], old.heads.nbr_prior)
+    assert not grown.heads.nbr_prior[:, 2].any()
+
+
 def test_weights_without_nbr_prior_grow_it_unchanged_and_training_moves_it(small_data, tmp_path, monkeypatch):
     """The shipped weights before session 14 had no neighbour prior: a warm start grows it at zero,
     so every head's logits are the old model's; then the heads stage trains the tables (their
@@ -260,7 +273,7 @@ def test_weights_without_nbr_prior_grow_it_unchanged_and_training_moves_it(small
     from sr_blockwise.checkpoints import save_weights
     from sr_blockwise.model import SEQ_LEN
     from sr_blockwise.train import TABLE_LR_MULT, init_model
-    old = make_tiny(4, nbr_prior=False)
+    old = make_tiny(4, nbr_prior=False, nbr_draft=False)
     path = save_weights(old, tmp_path / "old")
     grown = init_model(cfg(small_data, "g", init_from=str(path))).eval()
     assert grown.cfg.nbr_prior and not grown.heads.nbr_prior.any()
