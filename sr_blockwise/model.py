@@ -186,9 +186,9 @@ def offset_log_prior(table: torch.Tensor, row: torch.Tensor, ref: torch.Tensor) 
         # fine-tuning step (measured).
         windows = table.reshape(n_rows, 2 * VOCAB - 1).unfold(1, VOCAB, 1).reshape(n_rows * VOCAB, VOCAB)
         return F.embedding(row * VOCAB + start, windows)
-    # fewer lookups (a decoding step): cheaper than copying out the windows
-    idx = (row * (2 * VOCAB - 1) + start).unsqueeze(-1) + torch.arange(VOCAB, device=ref.device)
-    return table.flatten()[idx]
+    # fewer lookups (a decoding step): index a strided view of the windows, no copy (2-7x
+    # faster than gathering 256 single entries per lookup, measured at 1-320 lookups)
+    return table.reshape(n_rows, 2 * VOCAB - 1).unfold(1, VOCAB, 1)[row, start]
 
 
 class Attention(nn.Module):
@@ -529,15 +529,31 @@ class ImageTransformerSR(nn.Module):
         if not self.cfg.nbr_draft:  # every reference is decoded: all heads at once
             nbr = self.neighbour_prior(tokens, pos[:, None] + j - 1, j)
             return torch.cat([first[:, None], choose(z[:, 1:] + nbr.to(z.dtype))], 1)
-        toks = F.pad(tokens, (0, max(0, SEQ_LEN + k - tokens.shape[1])))  # a copy, room past the end
-        rows = torch.arange(len(pos), device=h.device)
+        # neighbour_prior's nbr_draft references, split into what is decoded (read once, every
+        # head at once) and what the loop's own proposals supply; summed in neighbour_prior's
+        # order, so each head's logits are bit for bit head_logits' (tested). Calling
+        # neighbour_prior once per head cost ~35 small ops a head: more than a model call at batch 1.
+        tab, C = self.heads.nbr_prior, CHANNELS
+        u = pos[:, None] + j - 1  # (b, k-1) the heads' targets
+        t = u.clamp(max=SEQ_LEN - 1)
+        ch, col, inside = self.tgt_ch[t], self.tgt_c[t], u < SEQ_LEN
+        rows0 = ((j - 2) * 3) * C + ch  # table rows of the left, above and G/B references
+        ok = [((col >= 1) & inside).unsqueeze(-1), ((t >= 3 * IMAGE_SIZE) & inside).unsqueeze(-1),
+              ((ch > 0) & (col >= 1) & inside).unsqueeze(-1)]
+
+        def decoded(p):  # intensities at positions p (b, k-1) before pos (others are overwritten)
+            return torch.gather(tokens, 1, p.clamp(min=0))
+
+        left_dec, back4_dec = decoded(u - 3), decoded(u - 4)
+        above = offset_log_prior(tab, rows0 + C, decoded(t - 3 * IMAGE_SIZE)) * ok[1]
         props = [first]
-        toks[rows, pos] = first
-        for i in range(1, k):
-            u = pos + i
-            nbr = self.neighbour_prior(toks, u[:, None], j[i - 1 : i])[:, 0]
+        for i in range(1, k):  # head i+1, target pos + i: proposals made so far are props[0..i-1]
+            left = props[i - 3] if i >= 3 else left_dec[:, i - 1]
+            back4 = props[i - 4] if i >= 4 else back4_dec[:, i - 1]
+            grad = (props[i - 1] + left - back4).clamp(0, VOCAB - 1)
+            nbr = offset_log_prior(tab, rows0[:, i - 1], left) * ok[0][:, i - 1] + above[:, i - 1]
+            nbr = nbr + offset_log_prior(tab, rows0[:, i - 1] + 2 * C, grad) * ok[2][:, i - 1]
             props.append(choose(z[:, i] + nbr.to(z.dtype)))
-            toks[rows, u] = props[-1]
         return torch.stack(props, 1)
 
     # --- full (teacher-forced) forward, used for training and for checking the cache
