@@ -32,7 +32,7 @@ def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: in
             t0 = time.perf_counter()
             h = model.step(cache, toks, p)
             model.logits(h, src, p[:, None] + torch.arange(n_tokens)).argmax(-1)
-            model.head_logits(h[:, 0], min(n_tokens, model.cfg.n_blockwise), src, p, prefix)  # next block's proposals
+            model.draft_heads(h[:, 0], min(n_tokens, model.cfg.n_blockwise), src, p, prefix)  # next block's proposals
             if i >= 5:
                 times.append(time.perf_counter() - t0)
     return statistics.median(times)

@@ -542,7 +542,7 @@ class ImageTransformerSR(nn.Module):
               ((ch > 0) & (col >= 1) & inside).unsqueeze(-1)]
 
         def decoded(p):  # intensities at positions p (b, k-1) before pos (others are overwritten)
-            return torch.gather(tokens, 1, p.clamp(min=0))
+            return torch.gather(tokens, 1, p.clamp(0, tokens.shape[1] - 1))
 
         left_dec, back4_dec = decoded(u - 3), decoded(u - 4)
         above = offset_log_prior(tab, rows0 + C, decoded(t - 3 * IMAGE_SIZE)) * ok[1]
