@@ -206,7 +206,7 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
                 raise ValueError(f"--init-from {cfg.init_from}: its {f}={getattr(model.cfg, f)} does not "
                                  f"match preset {cfg.preset!r} ({getattr(want, f)})")
         # grow a model that lacks the preset's input skip or prior: new parts start at zero
-        grow = {f: True for f in ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft")
+        grow = {f: True for f in GROWABLE
                 if getattr(want, f) and not getattr(model.cfg, f)}
         if grow:
             grown = ImageTransformerSR(replace(model.cfg, **grow))
@@ -222,6 +222,20 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
         return model
     torch.manual_seed(cfg.seed)  # the same run config gives the same initial weights
     return ImageTransformerSR(preset(cfg.preset))
+
+
+GROWABLE = ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft")  # what a warm start may add
+
+
+def _model_of_run(ck_config: dict, want: ModelConfig, ckpt_path) -> ImageTransformerSR:
+    """The model a resumed run continues: its own config, when it differs from the preset's only
+    in features a warm start grows (a preset that gained one since must not stop old runs
+    resuming); any other difference is refused."""
+    own = ModelConfig.from_dict(ck_config)
+    if replace(own, **{f: getattr(want, f) for f in GROWABLE}) != want:
+        raise ValueError(f"{ckpt_path}: checkpoint config {ck_config} does not match "
+                         f"this run's model config {want.to_dict()}")
+    return ImageTransformerSR(own)
 
 
 @torch.no_grad()
@@ -283,7 +297,10 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         train_imgs, train_lr = train_imgs[: -cfg.eval_images], train_lr[: -cfg.eval_images]
         val_imgs = val_imgs[:0]  # the frozen base's bits/dim cannot move: score the heads instead
 
+    ck = load_checkpoint(ckpt_path) if resume else None
     model = init_model(cfg)
+    if ck is not None and ck["model_config"] != model.cfg.to_dict():
+        model = _model_of_run(ck["model_config"], model.cfg, ckpt_path)
     # a fresh (or grown) prior starts from the data; never in the heads stage, whose base is frozen
     if not resume and cfg.stage != "heads" and model.lr_prior is not None and not model.lr_prior.any():
         init_lr_prior(model, train_imgs, train_lr)
@@ -303,11 +320,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         groups.append({"params": tables, "lr_mult": TABLE_LR_MULT})
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=cfg.weight_decay)
     step, best = 0, float("inf")
-    if resume:
-        ck = load_checkpoint(ckpt_path)
-        if ck["model_config"] != model.cfg.to_dict():
-            raise ValueError(f"{ckpt_path}: checkpoint config {ck['model_config']} does not match "
-                             f"this run's model config {model.cfg.to_dict()}")
+    if ck is not None:
         _check_resumable(ck["train_config"], cfg, ckpt_path)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
