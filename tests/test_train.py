@@ -251,6 +251,21 @@ def test_lr_prior_starts_from_the_datas_offset_histogram(small_data, tmp_path, m
     assert not load_checkpoint(tmp_path / "cache/h/last.pt")["model"]["lr_prior"].any()
 
 
+def test_a_run_resumes_with_the_features_it_started_with(small_data, tmp_path, monkeypatch):
+    """A run started before its preset gained a feature (session 15's, before nbr_draft) still
+    resumes, as the model it was: the preset only decides what a new run or warm start builds."""
+    from dataclasses import replace
+    from sr_blockwise import model as model_module
+    monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
+    tiny = model_module.PRESETS["tiny"]
+    monkeypatch.setitem(model_module.PRESETS, "tiny", replace(tiny, nbr_draft=False))
+    train(cfg(small_data, "r", max_steps=2), progress=False)
+    monkeypatch.setitem(model_module.PRESETS, "tiny", tiny)  # the preset gains nbr_draft
+    train(cfg(small_data, "r", max_steps=3), resume=True, progress=False)
+    ck = load_checkpoint(tmp_path / "cache/r/last.pt")
+    assert ck["step"] == 3 and ck["model_config"]["nbr_draft"] is False
+
+
 def test_weights_without_nbr_draft_keep_their_tables_and_grow_the_third_at_zero(small_data, tmp_path):
     """Session 15's weights have the neighbour prior without drafts: a warm start keeps their two
     tables (the left one is then read one pixel back) and adds the third reference at zero."""
