@@ -196,6 +196,9 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+GROWABLE = ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft")  # what a warm start may add
+
+
 def init_model(cfg: TrainConfig) -> ImageTransformerSR:
     if cfg.init_from:
         from .checkpoints import load_model
@@ -222,9 +225,6 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
         return model
     torch.manual_seed(cfg.seed)  # the same run config gives the same initial weights
     return ImageTransformerSR(preset(cfg.preset))
-
-
-GROWABLE = ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft")  # what a warm start may add
 
 
 def _model_of_run(ck_config: dict, want: ModelConfig, ckpt_path) -> ImageTransformerSR:

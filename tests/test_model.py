@@ -131,44 +131,54 @@ def test_nested_heads_give_the_same_first_k_heads():
             m.head_logits(h, 3, src, pos)
 
 
+def _check_neighbour_prior(m, pos, toks, want_at, unread_from):
+    """What nbr_prior adds to m's head logits at p1 positions pos (B, n), from tokens toks: nothing
+    for p1; for head j (target u = t + j - 1 inside the image) want_at(tab, x, j, u, r, c, ch) with
+    x the image's tokens, (r, c, ch) u's row, column, channel; and tokens from unread_from(t, u) on
+    never change head j's logits (scrambled, not a bit moves)."""
+    K = m.cfg.n_blockwise
+    B, n = pos.shape
+    h = torch.randn(B, n, m.cfg.d_model, dtype=torch.float64)
+    src = torch.randint(0, 256, (B, 192))
+    plain = make_tiny(9, nbr_prior=False, nbr_draft=False).double()
+    tab = m.heads.nbr_prior
+    with torch.no_grad():
+        got = m.head_logits(h, K, src, pos, toks) - plain.head_logits(h, K, src, pos)
+        for b in range(B):
+            for i in range(n):
+                t0 = int(pos[b, i])
+                assert got[b, i, 0].abs().max() == 0  # p1: untouched
+                for j in range(2, K + 1):
+                    u = t0 + j - 1
+                    want = torch.zeros(256, dtype=torch.float64)
+                    if u < SEQ_LEN:
+                        want += want_at(tab, toks[b], j, u, u // 96, (u // 3) % 32, u % 3)
+                        later = toks[b:b + 1].clone()
+                        first = unread_from(t0, u)
+                        later[0, first:] = torch.randint(0, 256, (SEQ_LEN - first,))
+                        one = (h[b:b + 1, i], K, src[b:b + 1], pos[b:b + 1, i])
+                        torch.testing.assert_close(m.head_logits(*one, later)[0, j - 1],
+                                                   m.head_logits(*one, toks[b:b + 1])[0, j - 1], rtol=0, atol=0)
+                    torch.testing.assert_close(got[b, i, j - 1], want, rtol=0, atol=1e-12)
+
+
 def test_nbr_prior_scores_offsets_from_decoded_neighbours_only():
     """Head j (predicting p1's position t + j - 1) adds table[j-2, 0, ch] at (value - the nearest
     same-channel intensity to the left that is decoded, i.e. before t) and table[j-2, 1, ch] at
     (value - the one above); nothing for a missing neighbour, nothing for p1, and tokens at or
     after t (not decoded yet) never matter."""
-    m = make_tiny(9, nbr_draft=False).double()
-    K = m.cfg.n_blockwise
-    h = torch.randn(2, 6, m.cfg.d_model, dtype=torch.float64)
-    src, toks = torch.randint(0, 256, (2, 192)), torch.randint(0, 256, (2, SEQ_LEN))
+    def want_at(tab, x, j, u, r, c, ch):
+        v, want = torch.arange(256), torch.zeros(256, dtype=torch.float64)
+        back = -(-j // 3)  # nearest decoded pixel of the row: u - 3*back < t
+        if c >= back:
+            want += tab[j - 2, 0, ch, v - x[u - 3 * back] + 255]
+        if r >= 1:
+            want += tab[j - 2, 1, ch, v - x[u - 96] + 255]
+        return want
+
+    toks = torch.randint(0, 256, (2, SEQ_LEN))
     pos = torch.tensor([[0, 1, 96, 200, 3065, 3071], [3, 97, 500, 1000, 2000, 3070]])
-    plain = make_tiny(9, nbr_prior=False, nbr_draft=False).double()
-    with torch.no_grad():
-        got = m.head_logits(h, K, src, pos, toks) - plain.head_logits(h, K, src, pos)
-        later = toks.clone()
-        for b in range(2):  # scramble everything not decoded yet at each query: no change allowed
-            for i in range(6):
-                t = int(pos[b, i])
-                later[b, t:] = torch.randint(0, 256, (SEQ_LEN - t,))
-                torch.testing.assert_close(m.head_logits(h[b:b + 1, i], K, src[b:b + 1], pos[b:b + 1, i], later[b:b + 1]),
-                                           m.head_logits(h[b:b + 1, i], K, src[b:b + 1], pos[b:b + 1, i], toks[b:b + 1]),
-                                           rtol=0, atol=0)
-                later[b] = toks[b]
-    tab = m.heads.nbr_prior
-    for b in range(2):
-        for i in range(6):
-            t0 = int(pos[b, i])
-            assert got[b, i, 0].abs().max() == 0  # p1: untouched
-            for j in range(2, K + 1):
-                t = t0 + j - 1
-                want = torch.zeros(256, dtype=torch.float64)
-                if t < SEQ_LEN:
-                    r, c, ch = t // 96, (t // 3) % 32, t % 3
-                    back = -(-j // 3)  # nearest decoded pixel of the row: t - 3*back < t0
-                    if c >= back:
-                        want += tab[j - 2, 0, ch, torch.arange(256) - toks[b, t - 3 * back] + 255]
-                    if r >= 1:
-                        want += tab[j - 2, 1, ch, torch.arange(256) - toks[b, t - 96] + 255]
-                torch.testing.assert_close(got[b, i, j - 1], want, rtol=0, atol=1e-12)
+    _check_neighbour_prior(make_tiny(9, nbr_draft=False).double(), pos, toks, want_at, lambda t, u: t)
 
 
 def test_nbr_draft_reads_the_pixel_just_left_and_the_pixels_previous_channel():
@@ -176,40 +186,23 @@ def test_nbr_draft_reads_the_pixel_just_left_and_the_pixels_previous_channel():
     intensity at u-3, decoded or proposed), table[j-2, 1, ch] at (value - the one above) and, for
     G and B, table[j-2, 2, ch] at (value - clamp(x[u-1] + x[u-3] - x[u-4]))); nothing for a missing
     reference or for p1, and nothing at or after u ever matters."""
+    def want_at(tab, x, j, u, r, c, ch):
+        v, want = torch.arange(256), torch.zeros(256, dtype=torch.float64)
+        if c >= 1:
+            want += tab[j - 2, 0, ch, v - x[u - 3] + 255]
+        if r >= 1:
+            want += tab[j - 2, 1, ch, v - x[u - 96] + 255]
+        if c >= 1 and ch > 0:
+            ref = (x[u - 1] + x[u - 3] - x[u - 4]).clamp(0, 255)
+            want += tab[j - 2, 2, ch, v - ref + 255]
+        return want
+
     m = make_tiny(9).double()
     assert m.cfg.nbr_draft
-    K = m.cfg.n_blockwise
-    h = torch.randn(2, 5, m.cfg.d_model, dtype=torch.float64)
-    src, toks = torch.randint(0, 256, (2, 192)), torch.randint(0, 256, (2, SEQ_LEN))
+    toks = torch.randint(0, 256, (2, SEQ_LEN))
     toks[0, 100:110] = torch.tensor([250, 250, 250, 255, 3, 255, 0, 255, 5, 7])  # clamped references
     pos = torch.tensor([[0, 1, 96, 101, 3071], [3, 97, 500, 2000, 3066]])
-    plain = make_tiny(9, nbr_prior=False, nbr_draft=False).double()
-    tab = m.heads.nbr_prior
-    with torch.no_grad():
-        got = m.head_logits(h, K, src, pos, toks) - plain.head_logits(h, K, src, pos)
-        for b in range(2):
-            for i in range(5):
-                t0 = int(pos[b, i])
-                assert got[b, i, 0].abs().max() == 0  # p1: untouched
-                for j in range(2, K + 1):
-                    u = t0 + j - 1
-                    want = torch.zeros(256, dtype=torch.float64)
-                    if u < SEQ_LEN:
-                        r, c, ch = u // 96, (u // 3) % 32, u % 3
-                        v = torch.arange(256)
-                        if c >= 1:
-                            want += tab[j - 2, 0, ch, v - toks[b, u - 3] + 255]
-                        if r >= 1:
-                            want += tab[j - 2, 1, ch, v - toks[b, u - 96] + 255]
-                        if c >= 1 and ch > 0:
-                            ref = (toks[b, u - 1] + toks[b, u - 3] - toks[b, u - 4]).clamp(0, 255)
-                            want += tab[j - 2, 2, ch, v - ref + 255]
-                        later = toks[b:b + 1].clone()  # scramble the target and after it: no change
-                        later[0, u:] = torch.randint(0, 256, (SEQ_LEN - u,))
-                        hj = m.head_logits(h[b:b + 1, i], K, src[b:b + 1], pos[b:b + 1, i], later)[0, j - 1]
-                        torch.testing.assert_close(hj, m.head_logits(h[b:b + 1, i], K, src[b:b + 1], pos[b:b + 1, i],
-                                                                     toks[b:b + 1])[0, j - 1], rtol=0, atol=0)
-                    torch.testing.assert_close(got[b, i, j - 1], want, rtol=0, atol=1e-12)
+    _check_neighbour_prior(m, pos, toks, want_at, lambda t, u: u)
 
 
 @pytest.mark.parametrize("nbr_draft", [True, False])
