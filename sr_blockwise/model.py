@@ -43,7 +43,14 @@ Deviations from the paper, each for a reason written next to it:
   that R is p1's own sure proposal. On session 15's greedy outputs (32 test faces) the G/B
   reference lands within 2 levels of the token 52% of the time against 36% for the pixel to
   the left. In training and in the exact-mode replay the drafts are the targets themselves:
-  a head's proposal only counts when every proposal before it was accepted.
+  a head's proposal only counts when every proposal before it was accepted;
+- draft_emb=True (the cpu preset since session 17) lets the heads' hidden layer, not only their
+  additive priors, read the block: each group's pre-activation gets a learned projection of two
+  embedded intensities, the one just before its target and the same channel one pixel left,
+  decoded or proposed (sequentially dependent draft heads, as in Hydra, Ankner et al. 2024). Why:
+  the priors add a fixed log-prior per offset from a reference, whatever the decoder state; the
+  hidden layer can weigh a reference by context (an edge, hair, a flat cheek). Zero-projected at
+  first, so older weights warm-start unchanged.
 """
 from __future__ import annotations
 
@@ -86,6 +93,10 @@ class ModelConfig:
     # always the pixel just left, decoded or proposed, and G and B get a third reference, the
     # pixel's previous channel plus the left pixel's difference of the two; (K-1) x 3 x 3 x 511
     nbr_draft: bool = False
+    # the heads' hidden layer reads two intensities of the block too, as learned embeddings: the
+    # one just before the head's target and the same channel one pixel left (decoded or proposed);
+    # 2 x 769 x d embeddings + a d -> head_ff projection per group, zero at first
+    draft_emb: bool = False
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -98,6 +109,8 @@ class ModelConfig:
             raise ValueError(f"head1 must be 'base' or 'layer', got {self.head1!r}")
         if self.nbr_draft and not self.nbr_prior:
             raise ValueError("nbr_draft extends nbr_prior: it needs nbr_prior=True")
+        if self.draft_emb and self.head1 != "base":
+            raise ValueError("draft_emb needs head1='base' (p1 must not read the block's drafts)")
 
     @property
     def n_groups(self) -> int:
@@ -120,11 +133,11 @@ PRESETS = {
     # a few seconds to build; for tests
     "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_enc_layers=1, n_dec_layers=2,
                         block_len=64, n_blockwise=10, head_ff=16, lr_skip=True,
-                        lr_prior=True, nbr_prior=True, nbr_draft=True),
+                        lr_prior=True, nbr_prior=True, nbr_draft=True, draft_emb=True),
     # the shipped model: 3.3M parameters, ~4 training images/s on 2 Zen 5 cores in bf16, about
     # one epoch of the training split per 2 hours; a 1-token decoding call ~2.3 ms at batch 1
     # (bench-decode), so greedy decoding ~7 s per image alone, less per image in a batch
-    "cpu": ModelConfig(lr_skip=True, lr_prior=True, nbr_prior=True, nbr_draft=True),
+    "cpu": ModelConfig(lr_skip=True, lr_prior=True, nbr_prior=True, nbr_draft=True, draft_emb=True),
     # img2img_transformer_b3 from PAPER.md, for GPU users
     "paper": ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_enc_layers=4, n_dec_layers=8,
                          block_len=128, n_blockwise=10, head_ff=2048, head1="layer", dropout=0.1),
@@ -323,24 +336,52 @@ class BlockwiseHeads(nn.Module):
         n_refs = 3 if cfg.nbr_draft else 2
         self.nbr_prior = (nn.Parameter(torch.zeros(cfg.n_blockwise - 1, n_refs, CHANNELS, 2 * VOCAB - 1))
                           if cfg.nbr_prior else None)
+        # draft_emb[r, value + 256 * channel]: reference r's embedding (r = 0: the intensity just
+        # before the target, 1: the same channel one pixel left; index 768: none), read by each
+        # group through its own projection draft_up. draft_up starts at zero (a warm start
+        # computes unchanged); the embeddings start random (ImageTransformerSR, last, so that
+        # every other weight is drawn as without them), or no gradient would reach either.
+        self.draft_emb = nn.Parameter(torch.zeros(2, CHANNELS * VOCAB + 1, d)) if cfg.draft_emb else None
+        self.draft_up = nn.Parameter(torch.zeros(G * f, d)) if cfg.draft_emb else None
 
-    def forward(self, h, n_groups: int | None = None):
-        """h: (..., d) -> (..., g, d) normalized states of the first g groups."""
+    def forward(self, h, n_groups: int | None = None, draft=None):
+        """h: (..., d) -> (..., g, d) normalized states of the first g groups. draft (..., g, d):
+        each group's reference embeddings (draft_emb; `ImageTransformerSR.draft_refs`)."""
         g = self.G if n_groups is None else n_groups
         W1, b1 = self.up.weight[: g * self.f], self.up.bias[: g * self.f]
         W2 = self.down.weight[: g * self.d, : g * self.f]
         if not self.premasked:
             W2 = W2 * self.tri_mask[: g * self.d, : g * self.f]
         b2 = self.down.bias[: g * self.d]
-        z = F.linear(F.gelu(F.linear(h, W1, b1)), W2, b2)
+        pre = F.linear(h, W1, b1)
+        if draft is not None:
+            up = self.draft_up[: g * self.f].view(g, self.f, self.d)
+            pre = pre + torch.einsum("...gd,gfd->...gf", draft, up).flatten(-2)
+        z = F.linear(F.gelu(pre), W2, b2)
         z = z.view(*h.shape[:-1], g, self.d) + h.unsqueeze(-2)
-        # the g LayerNorms at once (one per group, as a LayerNorm each would: norm, then affine);
-        # per group, the slices' backward filled a zero tensor per group (measured)
-        w = torch.stack([n.weight for n in self.norms[:g]])
-        b = torch.stack([n.bias for n in self.norms[:g]])
+        return self._norm(z, 0, g)
+
+    def _norm(self, z, g0, g1):
+        """Groups g0..g1-1's LayerNorms on z (..., g1 - g0, d), at once (as a LayerNorm each
+        would: norm, then affine); per group, the slices' backward filled a zero tensor per group
+        (measured)."""
+        w = torch.stack([n.weight for n in self.norms[g0:g1]])
+        b = torch.stack([n.bias for n in self.norms[g0:g1]])
         acc = torch.promote_types(z.dtype, torch.float32)  # bf16 in, float32 math, rounded once
         zn = F.layer_norm(z.to(acc), (self.d,), eps=self.norms[0].eps) * w.to(acc) + b.to(acc)
         return zn.to(z.dtype)  # as LayerNorm's own kernel rounds a bf16 result
+
+    def group(self, h, pre, hidden: list, gi: int, draft):
+        """Group gi's normalized state alone (..., d), for drafting one head at a time: pre
+        (..., >= (gi+1)*f) the up-projection of h for all groups, hidden the earlier groups'
+        activations (this group's is appended), draft (..., d) its reference embeddings."""
+        f, d = self.f, self.d
+        a = pre[..., gi * f:(gi + 1) * f] + F.linear(draft, self.draft_up[gi * f:(gi + 1) * f])
+        hidden.append(F.gelu(a))
+        # the nested matrix's row block gi reads hidden chunks 0..gi, where its mask is all ones
+        z = F.linear(torch.cat(hidden, -1), self.down.weight[gi * d:(gi + 1) * d, :(gi + 1) * f],
+                     self.down.bias[gi * d:(gi + 1) * d]) + h
+        return self._norm(z.unsqueeze(-2), gi, gi + 1)[..., 0, :]
 
 
 # ---------------------------------------------------------------- the model
@@ -369,6 +410,8 @@ class ImageTransformerSR(nn.Module):
         self.apply(self._init)
         if self.lr_emb is not None:
             nn.init.zeros_(self.lr_emb.weight)  # starts as the plain model (warm starts keep it)
+        if cfg.draft_emb:
+            nn.init.normal_(self.heads.draft_emb, std=0.02)
         r, c, ch = target_coords()
         # the source token (8x8 input, same channel) whose 4x4 cell covers each target position
         self.register_buffer("tgt_src", (r // 4) * (INPUT_SIZE * CHANNELS) + (c // 4) * CHANNELS + ch,
@@ -492,6 +535,11 @@ class ImageTransformerSR(nn.Module):
         pos (B, ...): the positions p1 predicts; head j predicts the token j-1 after it.
         tokens (B, S): the intensities decoded so far, at their positions (nbr_prior reads
         them; a whole image's targets in training)."""
+        if k > 1 and self.cfg.draft_emb:
+            pos = self._full_positions(h) if pos is None else pos
+            if tokens is None or pos is None:
+                raise ValueError("this model has draft_emb: heads 2..k need the decoded tokens and positions")
+            return self._heads_one_by_one(h, k, src, pos, tokens)[0]
         z, pos = self._heads_before_nbr(h, k, src, pos)
         if k > 1 and self.cfg.nbr_prior:
             if tokens is None or pos is None:
@@ -521,6 +569,8 @@ class ImageTransformerSR(nn.Module):
         With nbr_draft a head's prior reads the proposals before it, so they are made one head
         at a time; each equals what `head_logits` gives when the tokens hold those proposals."""
         choose = choose or (lambda z: z.argmax(-1))
+        if k > 1 and self.cfg.draft_emb:
+            return self._heads_one_by_one(h, k, src, pos, tokens, choose)[1]
         z, _ = self._heads_before_nbr(h, k, src, pos)
         first = z[:, 0].argmax(-1)
         if k == 1 or not self.cfg.nbr_prior:
@@ -555,6 +605,93 @@ class ImageTransformerSR(nn.Module):
             nbr = nbr + offset_log_prior(tab, rows0[:, i - 1] + 2 * C, grad) * ok[2][:, i - 1]
             props.append(choose(z[:, i] + nbr.to(z.dtype)))
         return torch.stack(props, 1)
+
+    def draft_refs(self, tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """draft_emb's reference embeddings (B, ..., d) for heads whose targets are u (B, ...),
+        read from tokens (B, S): the intensity just before the target and the same channel one
+        pixel left (none in the first column)."""
+        B = tokens.shape[0]
+
+        def read(q):
+            v = torch.gather(tokens, 1, q.clamp(0, tokens.shape[1] - 1).reshape(B, -1)).view_as(q)
+            return v.clamp(0, VOCAB - 1)
+
+        t = u.clamp(max=SEQ_LEN - 1)
+        none = CHANNELS * VOCAB
+        prev = torch.where(t >= 1, read(u - 1) + VOCAB * self.tgt_ch[(t - 1).clamp(min=0)], none)
+        left = torch.where(self.tgt_c[t] >= 1, read(u - 3) + VOCAB * self.tgt_ch[t], none)
+        E = self.heads.draft_emb
+        return E[0][prev] + E[1][left]
+
+    def _heads_one_by_one(self, h, k, src, pos, tokens, choose=None):
+        """draft_emb's heads, one at a time: each reads the intensities before its target from
+        `tokens`. With `choose` (drafting) each head's proposal is written into a copy of tokens
+        before the next head runs; without, tokens are the targets (training's teacher forcing,
+        the replay). -> (logits (..., k, 256), proposals (..., k)); p1's is its argmax. Both
+        uses run this one function, so a draft's logits are bit for bit head_logits' (tested).
+        What does not depend on the block's proposals (positions, the above reference, the
+        input prior) is read once for all heads: per head only ~30 small ops remain (a call
+        to neighbour_prior and draft_refs per head was ~70, measured 3x slower at batch 32)."""
+        H, f, C = self.heads, self.heads.f, CHANNELS
+        B, S = tokens.shape
+        if choose is not None:  # a copy to write the proposals into (tokens may end at pos)
+            buf = tokens.new_zeros(B, max(S, SEQ_LEN + k))
+            buf[:, :S] = tokens
+            S = buf.shape[1]
+        else:
+            buf = tokens
+
+        def read(q):  # intensities at positions q (B, ...), decoded or (drafting) proposed
+            return torch.gather(buf, 1, q.clamp(0, S - 1).reshape(B, -1)).view_as(q)
+
+        dev = h.device
+        p1 = self._with_prior(self.out_proj(h), src, pos)
+        logits, props = [p1], [p1.argmax(-1)]
+        if choose is not None:
+            buf.scatter_(1, pos.reshape(B, -1), props[0].reshape(B, -1))
+        # heads 2..k: targets u, as (..., k-1)
+        j = torch.arange(2, k + 1, device=dev)
+        u = pos.unsqueeze(-1) + j - 1
+        t = u.clamp(max=SEQ_LEN - 1)
+        ch, col, inside = self.tgt_ch[t], self.tgt_c[t], u < SEQ_LEN
+        none = C * VOCAB  # draft_emb's row for a reference outside the image
+        prev_row = torch.where(t >= 1, VOCAB * self.tgt_ch[(t - 1).clamp(min=0)], none)
+        left_row = torch.where(col >= 1, VOCAB * ch, none)
+        prior = self.prior(src, u)  # None without lr_prior
+        tab = H.nbr_prior
+        if self.cfg.nbr_draft:  # neighbour_prior's references, as draft_heads reads them
+            rows0 = ((j - 2) * 3) * C + ch
+            ok0, ok2 = ((col >= 1) & inside).unsqueeze(-1), ((ch > 0) & (col >= 1) & inside).unsqueeze(-1)
+            above = offset_log_prior(tab, rows0 + C, read(t - 3 * IMAGE_SIZE)) \
+                * ((t >= 3 * IMAGE_SIZE) & inside).unsqueeze(-1)
+        elif self.cfg.nbr_prior:  # every reference is decoded: all heads at once
+            nbr_all = self.neighbour_prior(buf, u, j)
+        pre = F.linear(h, H.up.weight[:(k - 1) * f], H.up.bias[:(k - 1) * f])
+        back = torch.tensor([1, 3, 4], device=dev)
+        E = H.draft_emb
+        hidden = []
+        for a in range(k - 1):  # head a + 2, target u[..., a]
+            ua = u[..., a]
+            v = read(ua.unsqueeze(-1) - back)  # the intensities 1, 3 and 4 before the target
+            prev, left, back4 = v[..., 0], v[..., 1], v[..., 2]
+            draft = E[0][torch.where(prev_row[..., a] < none, prev + prev_row[..., a], none)] \
+                + E[1][torch.where(left_row[..., a] < none, left + left_row[..., a], none)]
+            z = self.out_proj(H.group(h, pre, hidden, a, draft))
+            if prior is not None:  # as _with_prior adds it
+                dt = torch.promote_types(z.dtype, prior.dtype)
+                z = z.to(dt) + prior[..., a, :].to(dt)
+            if self.cfg.nbr_draft:  # summed in neighbour_prior's order
+                grad = (prev + left - back4).clamp(0, VOCAB - 1)
+                nbr = offset_log_prior(tab, rows0[..., a], left) * ok0[..., a, :] + above[..., a, :]
+                nbr = nbr + offset_log_prior(tab, rows0[..., a] + 2 * C, grad) * ok2[..., a, :]
+                z = z + nbr.to(z.dtype)
+            elif self.cfg.nbr_prior:
+                z = z + nbr_all[..., a, :].to(z.dtype)
+            logits.append(z)
+            if choose is not None:
+                props.append(choose(z))
+                buf.scatter_(1, ua.reshape(B, -1).clamp(max=S - 1), props[-1].reshape(B, -1))
+        return torch.stack(logits, -2), (torch.stack(props, -1) if choose is not None else None)
 
     # --- full (teacher-forced) forward, used for training and for checking the cache
 

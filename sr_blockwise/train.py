@@ -115,13 +115,16 @@ class TrainingLoss(nn.Module):
         pos = torch.randperm(SEQ_LEN, generator=gen)[:n_pos].to(h.device)
         hs = hh[:, pos]  # (B, P, d)
         off0 = 1 if m.cfg.head1 == "base" else 0  # group i predicts the token (i + off0) ahead
+        gi = int(torch.randint(G, (1,), generator=gen)) if cfg.head_loss == "random" else G - 1
+        draft = None  # draft_emb: groups 0..gi's references, read from the targets
+        if m.cfg.draft_emb:
+            draft = m.draft_refs(tgt, (pos[:, None] + torch.arange(gi + 1, device=h.device) + off0).expand(len(src), -1, -1))
         if cfg.head_loss == "random":
-            gi = int(torch.randint(G, (1,), generator=gen))
             groups = [gi]
-            z = m.heads(hs, gi + 1)[:, :, gi : gi + 1]  # nested: group gi needs only groups <= gi
+            z = m.heads(hs, gi + 1, draft)[:, :, gi : gi + 1]  # nested: group gi needs only groups <= gi
         else:
             groups = list(range(G))
-            z = m.heads(hs, G)
+            z = m.heads(hs, G, draft)
         # in the base stage the heads must not move p1 either: they read the shared output
         # projection without training it
         W = m.lm_head.weight.detach() if cfg.stage == "base" else m.lm_head.weight
@@ -196,7 +199,7 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-GROWABLE = ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft")  # what a warm start may add
+GROWABLE = ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft", "draft_emb")  # what a warm start may add
 
 
 def init_model(cfg: TrainConfig) -> ImageTransformerSR:
@@ -212,11 +215,12 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
         grow = {f: True for f in GROWABLE
                 if getattr(want, f) and not getattr(model.cfg, f)}
         if grow:
+            torch.manual_seed(cfg.seed)  # new parts that start random (draft_emb) start alike
             grown = ImageTransformerSR(replace(model.cfg, **grow))
             state = model.state_dict()
             old_tab = state.pop("heads.nbr_prior", None)
             missing, unexpected = grown.load_state_dict(state, strict=False)
-            new_parts = {"lr_emb.weight", "lr_prior", "heads.nbr_prior"}
+            new_parts = {"lr_emb.weight", "lr_prior", "heads.nbr_prior", "heads.draft_emb", "heads.draft_up"}
             assert set(missing) <= new_parts and not unexpected, (missing, unexpected)
             if old_tab is not None:  # nbr_draft adds a third reference (zero); the two others keep
                 with torch.no_grad():  # their tables, the left one now read one pixel back

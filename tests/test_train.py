@@ -96,7 +96,7 @@ def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss):
     from conftest import make_tiny
     from sr_blockwise.model import SEQ_LEN
     from sr_blockwise.train import TrainingLoss
-    model = make_tiny(5, head1=head1).double().train()
+    model = make_tiny(5, head1=head1, draft_emb=head1 == "base").double().train()
     cfg = TrainConfig(preset="tiny", stage="finetune", head_frac=1.0, head_loss=head_loss)
     src, tgt = torch.randint(0, 256, (1, 192)), torch.randint(0, 256, (1, SEQ_LEN))
     _, head_loss_value, per_head = TrainingLoss(model, cfg)(src, tgt, torch.Generator().manual_seed(0))
@@ -272,7 +272,7 @@ def test_weights_without_nbr_draft_keep_their_tables_and_grow_the_third_at_zero(
     from conftest import make_tiny
     from sr_blockwise.checkpoints import save_weights
     from sr_blockwise.train import init_model
-    old = make_tiny(4, nbr_draft=False)
+    old = make_tiny(4, nbr_draft=False, draft_emb=False)
     grown = init_model(cfg(small_data, "g", init_from=str(save_weights(old, tmp_path / "old"))))
     assert grown.cfg.nbr_draft and grown.heads.nbr_prior.shape[1] == 3
     assert torch.equal(grown.heads.nbr_prior[:, :2], old.heads.nbr_prior)
@@ -288,7 +288,7 @@ def test_weights_without_nbr_prior_grow_it_unchanged_and_training_moves_it(small
     from sr_blockwise.checkpoints import save_weights
     from sr_blockwise.model import SEQ_LEN
     from sr_blockwise.train import TABLE_LR_MULT, init_model
-    old = make_tiny(4, nbr_prior=False, nbr_draft=False)
+    old = make_tiny(4, nbr_prior=False, nbr_draft=False, draft_emb=False)
     path = save_weights(old, tmp_path / "old")
     grown = init_model(cfg(small_data, "g", init_from=str(path))).eval()
     assert grown.cfg.nbr_prior and not grown.heads.nbr_prior.any()
