@@ -44,13 +44,16 @@ Deviations from the paper, each for a reason written next to it:
   reference lands within 2 levels of the token 52% of the time against 36% for the pixel to
   the left. In training and in the exact-mode replay the drafts are the targets themselves:
   a head's proposal only counts when every proposal before it was accepted;
-- draft_emb=True (the cpu preset since session 17) lets the heads' hidden layer, not only their
-  additive priors, read the block: each group's pre-activation gets a learned projection of two
+- draft_emb=True (an option in no preset, measured in session 17: see below) lets the heads'
+  hidden layer, not only their additive priors, read the block: each group's pre-activation gets a learned projection of two
   embedded intensities, the one just before its target and the same channel one pixel left,
   decoded or proposed (sequentially dependent draft heads, as in Hydra, Ankner et al. 2024). Why:
   the priors add a fixed log-prior per offset from a reference, whatever the decoder state; the
   hidden layer can weigh a reference by context (an edge, hair, a flat cheek). Zero-projected at
-  first, so older weights warm-start unchanged.
+  first, so older weights warm-start unchanged. Measured (weights/README.md, session 17): blocks
+  grew 1-6% over the same heads without it, but drafting one head at a time through the hidden
+  layer costs more per call than that buys (batch 32: 2x the drafting time of nbr_draft alone;
+  at batch 1 about half a model call), so the shipped weights do not use it.
 """
 from __future__ import annotations
 
@@ -133,11 +136,11 @@ PRESETS = {
     # a few seconds to build; for tests
     "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_enc_layers=1, n_dec_layers=2,
                         block_len=64, n_blockwise=10, head_ff=16, lr_skip=True,
-                        lr_prior=True, nbr_prior=True, nbr_draft=True, draft_emb=True),
+                        lr_prior=True, nbr_prior=True, nbr_draft=True),
     # the shipped model: 3.3M parameters, ~4 training images/s on 2 Zen 5 cores in bf16, about
     # one epoch of the training split per 2 hours; a 1-token decoding call ~2.3 ms at batch 1
     # (bench-decode), so greedy decoding ~7 s per image alone, less per image in a batch
-    "cpu": ModelConfig(lr_skip=True, lr_prior=True, nbr_prior=True, nbr_draft=True, draft_emb=True),
+    "cpu": ModelConfig(lr_skip=True, lr_prior=True, nbr_prior=True, nbr_draft=True),
     # img2img_transformer_b3 from PAPER.md, for GPU users
     "paper": ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_enc_layers=4, n_dec_layers=8,
                          block_len=128, n_blockwise=10, head_ff=2048, head1="layer", dropout=0.1),

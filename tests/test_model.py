@@ -127,7 +127,7 @@ def test_nested_heads_give_the_same_first_k_heads(draft_emb):
             return
         # head j carries the prior of the position it predicts (p1's position + j - 1)
         # (and head j >= 2 its neighbour prior, tested below)
-        no_prior = make_tiny(4, lr_prior=False, nbr_prior=False, nbr_draft=False, draft_emb=False).double().head_logits(h, 3)
+        no_prior = make_tiny(4, lr_prior=False, nbr_prior=False, nbr_draft=False).double().head_logits(h, 3)
         torch.testing.assert_close(all_k[:, 2] - no_prior[:, 2], m.prior(src, (pos + 2).clamp(max=SEQ_LEN - 1))
                                    + m.neighbour_prior(toks, pos + 2, torch.tensor(3)))
         with pytest.raises(ValueError, match="lr_prior"):
@@ -143,7 +143,7 @@ def _check_neighbour_prior(m, pos, toks, want_at, unread_from):
     B, n = pos.shape
     h = torch.randn(B, n, m.cfg.d_model, dtype=torch.float64)
     src = torch.randint(0, 256, (B, 192))
-    plain = make_tiny(9, nbr_prior=False, nbr_draft=False, draft_emb=False).double()
+    plain = make_tiny(9, nbr_prior=False, nbr_draft=False).double()
     tab = m.heads.nbr_prior
     with torch.no_grad():
         got = m.head_logits(h, K, src, pos, toks) - plain.head_logits(h, K, src, pos)
@@ -181,7 +181,7 @@ def test_nbr_prior_scores_offsets_from_decoded_neighbours_only():
 
     toks = torch.randint(0, 256, (2, SEQ_LEN))
     pos = torch.tensor([[0, 1, 96, 200, 3065, 3071], [3, 97, 500, 1000, 2000, 3070]])
-    _check_neighbour_prior(make_tiny(9, nbr_draft=False, draft_emb=False).double(), pos, toks, want_at, lambda t, u: t)
+    _check_neighbour_prior(make_tiny(9, nbr_draft=False).double(), pos, toks, want_at, lambda t, u: t)
 
 
 def test_nbr_draft_reads_the_pixel_just_left_and_the_pixels_previous_channel():
@@ -200,7 +200,7 @@ def test_nbr_draft_reads_the_pixel_just_left_and_the_pixels_previous_channel():
             want += tab[j - 2, 2, ch, v - ref + 255]
         return want
 
-    m = make_tiny(9, draft_emb=False).double()
+    m = make_tiny(9).double()
     assert m.cfg.nbr_draft
     toks = torch.randint(0, 256, (2, SEQ_LEN))
     toks[0, 100:110] = torch.tensor([250, 250, 250, 255, 3, 255, 0, 255, 5, 7])  # clamped references
@@ -212,7 +212,7 @@ def test_draft_emb_reads_the_intensity_before_the_target_and_the_same_channel_on
     """draft_emb's references for a head whose target is u: embedding 0 of the intensity at u - 1
     (indexed by its channel), embedding 1 of the one at u - 3 (the target's channel), and the
     'none' row 768 where u is in the first column."""
-    m = make_tiny(2).double()
+    m = make_tiny(2, draft_emb=True).double()
     E = m.heads.draft_emb
     toks = torch.randint(0, 256, (2, SEQ_LEN))
     u = torch.tensor([[1, 2, 3, 4, 5, 97, 98, 3071], [6, 95, 96, 100, 200, 301, 3000, 3070]])
@@ -267,7 +267,7 @@ def test_offset_log_prior_reads_entry_value_minus_ref_and_sends_gradients_there(
 
 
 def test_paper_head1_layer_option_routes_p1_through_heads():
-    m = make_tiny(5, head1="layer", lr_prior=False, nbr_prior=False, nbr_draft=False, draft_emb=False).double()
+    m = make_tiny(5, head1="layer", lr_prior=False, nbr_prior=False, nbr_draft=False).double()
     h = torch.randn(3, m.cfg.d_model, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(m.head_logits(h, 3)[:, 0], m.logits(h))

@@ -89,14 +89,16 @@ def test_base_stage_heads_do_not_move_the_base():
         assert moved == name.startswith("heads."), name
 
 
-@pytest.mark.parametrize("head1,head_loss", [("base", "sum"), ("layer", "sum"), ("layer", "random")])
-def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss):
+@pytest.mark.parametrize("head1,head_loss,draft_emb", [("base", "sum", False), ("layer", "sum", False),
+                                                        ("layer", "random", False), ("base", "sum", True),
+                                                        ("base", "random", True)])
+def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss, draft_emb):
     """Every head's training loss is the cross-entropy of the logits decoding gets from
     `head_logits` (priors included) at the token it predicts, over the targets inside the image."""
     from conftest import make_tiny
     from sr_blockwise.model import SEQ_LEN
     from sr_blockwise.train import TrainingLoss
-    model = make_tiny(5, head1=head1, draft_emb=head1 == "base").double().train()
+    model = make_tiny(5, head1=head1, draft_emb=draft_emb).double().train()
     cfg = TrainConfig(preset="tiny", stage="finetune", head_frac=1.0, head_loss=head_loss)
     src, tgt = torch.randint(0, 256, (1, 192)), torch.randint(0, 256, (1, SEQ_LEN))
     _, head_loss_value, per_head = TrainingLoss(model, cfg)(src, tgt, torch.Generator().manual_seed(0))
@@ -272,11 +274,32 @@ def test_weights_without_nbr_draft_keep_their_tables_and_grow_the_third_at_zero(
     from conftest import make_tiny
     from sr_blockwise.checkpoints import save_weights
     from sr_blockwise.train import init_model
-    old = make_tiny(4, nbr_draft=False, draft_emb=False)
+    old = make_tiny(4, nbr_draft=False)
     grown = init_model(cfg(small_data, "g", init_from=str(save_weights(old, tmp_path / "old"))))
     assert grown.cfg.nbr_draft and grown.heads.nbr_prior.shape[1] == 3
     assert torch.equal(grown.heads.nbr_prior[:, :2], old.heads.nbr_prior)
     assert not grown.heads.nbr_prior[:, 2].any()
+
+
+def test_weights_without_draft_emb_grow_it_and_compute_unchanged(small_data, tmp_path, monkeypatch):
+    """A warm start into a preset with draft_emb adds it with a zero projection: every head's
+    logits are the old model's, though the heads now run one at a time through draft_emb's loop."""
+    from dataclasses import replace
+    from conftest import make_tiny
+    from sr_blockwise import model as model_module
+    from sr_blockwise.checkpoints import save_weights
+    from sr_blockwise.model import SEQ_LEN
+    from sr_blockwise.train import init_model
+    old = make_tiny(4)
+    assert not old.cfg.draft_emb
+    monkeypatch.setitem(model_module.PRESETS, "tiny", replace(model_module.PRESETS["tiny"], draft_emb=True))
+    grown = init_model(cfg(small_data, "g", init_from=str(save_weights(old, tmp_path / "old")))).eval()
+    assert grown.cfg.draft_emb and not grown.heads.draft_up.any() and grown.heads.draft_emb.any()
+    src, tgt = torch.randint(0, 256, (2, 192)), torch.randint(0, 256, (2, SEQ_LEN))
+    with torch.no_grad():
+        h = old(src, tgt)
+        torch.testing.assert_close(grown.head_logits(h, 10, src, tokens=tgt), old.head_logits(h, 10, src, tokens=tgt),
+                                   rtol=0, atol=0)
 
 
 def test_weights_without_nbr_prior_grow_it_unchanged_and_training_moves_it(small_data, tmp_path, monkeypatch):
@@ -288,7 +311,7 @@ def test_weights_without_nbr_prior_grow_it_unchanged_and_training_moves_it(small
     from sr_blockwise.checkpoints import save_weights
     from sr_blockwise.model import SEQ_LEN
     from sr_blockwise.train import TABLE_LR_MULT, init_model
-    old = make_tiny(4, nbr_prior=False, nbr_draft=False, draft_emb=False)
+    old = make_tiny(4, nbr_prior=False, nbr_draft=False)
     path = save_weights(old, tmp_path / "old")
     grown = init_model(cfg(small_data, "g", init_from=str(path))).eval()
     assert grown.cfg.nbr_prior and not grown.heads.nbr_prior.any()
