@@ -51,9 +51,9 @@ Deviations from the paper, each for a reason written next to it:
   the priors add a fixed log-prior per offset from a reference, whatever the decoder state; the
   hidden layer can weigh a reference by context (an edge, hair, a flat cheek). Zero-projected at
   first, so older weights warm-start unchanged. Measured (weights/README.md, session 17): blocks
-  grew 1-6% over the same heads without it, but drafting one head at a time through the hidden
-  layer costs more per call than that buys (batch 32: 2x the drafting time of nbr_draft alone;
-  at batch 1 about half a model call), so the shipped weights do not use it.
+  grew about 1-6% over the same heads without it; drafting one head at a time through the hidden
+  layer adds ~2% to a call at batch 32 but about half a model call at batch 1 (the demo's), and
+  its approximate output was a little worse perceptually, so the shipped weights do not use it.
 """
 from __future__ import annotations
 
@@ -357,6 +357,8 @@ class BlockwiseHeads(nn.Module):
             W2 = W2 * self.tri_mask[: g * self.d, : g * self.f]
         b2 = self.down.bias[: g * self.d]
         pre = F.linear(h, W1, b1)
+        if (draft is None) != (self.draft_up is None):
+            raise ValueError("draft must be given exactly when the heads have draft_emb")
         if draft is not None:
             up = self.draft_up[: g * self.f].view(g, self.f, self.d)
             pre = pre + torch.einsum("...gd,gfd->...gf", draft, up).flatten(-2)
