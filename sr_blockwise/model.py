@@ -588,28 +588,58 @@ class ImageTransformerSR(nn.Module):
         # head at once) and what the loop's own proposals supply; summed in neighbour_prior's
         # order, so each head's logits are bit for bit head_logits' (tested). Calling
         # neighbour_prior once per head cost ~35 small ops a head: more than a model call at batch 1.
-        tab, C = self.heads.nbr_prior, CHANNELS
         u = pos[:, None] + j - 1  # (b, k-1) the heads' targets
-        t = u.clamp(max=SEQ_LEN - 1)
-        ch, col, inside = self.tgt_ch[t], self.tgt_c[t], u < SEQ_LEN
-        rows0 = ((j - 2) * 3) * C + ch  # table rows of the left, above and G/B references
-        ok = [((col >= 1) & inside).unsqueeze(-1), ((t >= 3 * IMAGE_SIZE) & inside).unsqueeze(-1),
-              ((ch > 0) & (col >= 1) & inside).unsqueeze(-1)]
 
         def decoded(p):  # intensities at positions p (b, k-1) before pos (others are overwritten)
             return torch.gather(tokens, 1, p.clamp(0, tokens.shape[1] - 1))
 
         left_dec, back4_dec = decoded(u - 3), decoded(u - 4)
-        above = offset_log_prior(tab, rows0 + C, decoded(t - 3 * IMAGE_SIZE)) * ok[1]
+        fixed = self._draft_prior_fixed(decoded, u, j)
         props = [first]
         for i in range(1, k):  # head i+1, target pos + i: proposals made so far are props[0..i-1]
             left = props[i - 3] if i >= 3 else left_dec[:, i - 1]
             back4 = props[i - 4] if i >= 4 else back4_dec[:, i - 1]
-            grad = (props[i - 1] + left - back4).clamp(0, VOCAB - 1)
-            nbr = offset_log_prior(tab, rows0[:, i - 1], left) * ok[0][:, i - 1] + above[:, i - 1]
-            nbr = nbr + offset_log_prior(tab, rows0[:, i - 1] + 2 * C, grad) * ok[2][:, i - 1]
+            nbr = self._draft_prior(fixed, i - 1, props[i - 1], left, back4)
             props.append(choose(z[:, i] + nbr.to(z.dtype)))
         return torch.stack(props, 1)
+
+    def _draft_prior_fixed(self, read, u, j):
+        """nbr_draft's parts that do not depend on the block's proposals, for heads j (k-1,)
+        with targets u (..., k-1): each head's table rows, which references exist, and the
+        above reference's log-prior (decoded: read once for all heads, with `read`)."""
+        C = CHANNELS
+        t = u.clamp(max=SEQ_LEN - 1)
+        ch, col, inside = self.tgt_ch[t], self.tgt_c[t], u < SEQ_LEN
+        rows0 = ((j - 2) * 3) * C + ch  # table rows of the left, above and G/B references
+        ok = [((col >= 1) & inside).unsqueeze(-1), ((t >= 3 * IMAGE_SIZE) & inside).unsqueeze(-1),
+              ((ch > 0) & (col >= 1) & inside).unsqueeze(-1)]
+        above = offset_log_prior(self.heads.nbr_prior, rows0 + C, read(t - 3 * IMAGE_SIZE)) * ok[1]
+        return rows0, ok, above
+
+    def _draft_prior(self, fixed, a, prev, left, back4):
+        """Head a+2's nbr_draft log-prior (..., 256) from `_draft_prior_fixed` and the
+        intensities 1, 3 and 4 before its target (decoded or proposed), summed in
+        neighbour_prior's order, so that it is bit for bit neighbour_prior's (tested)."""
+        rows0, ok, above = fixed
+        tab = self.heads.nbr_prior
+        grad = (prev + left - back4).clamp(0, VOCAB - 1)
+        nbr = offset_log_prior(tab, rows0[..., a], left) * ok[0][..., a, :] + above[..., a, :]
+        return nbr + offset_log_prior(tab, rows0[..., a] + 2 * CHANNELS, grad) * ok[2][..., a, :]
+
+    def _draft_rows(self, u):
+        """draft_emb's embedding rows for targets u, before the intensities are added: (the
+        intensity just before u, the same channel one pixel left); 768 ('none') where the
+        reference is outside the image."""
+        t = u.clamp(max=SEQ_LEN - 1)
+        none = CHANNELS * VOCAB
+        return (torch.where(t >= 1, VOCAB * self.tgt_ch[(t - 1).clamp(min=0)], none),
+                torch.where(self.tgt_c[t] >= 1, VOCAB * self.tgt_ch[t], none))
+
+    def _draft_embed(self, prev, left, rows):
+        """draft_emb's reference embeddings (..., d) of the intensities prev and left at `rows`."""
+        none, E = CHANNELS * VOCAB, self.heads.draft_emb
+        return E[0][torch.where(rows[0] < none, prev + rows[0], none)] \
+            + E[1][torch.where(rows[1] < none, left + rows[1], none)]
 
     def draft_refs(self, tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """draft_emb's reference embeddings (B, ..., d) for heads whose targets are u (B, ...),
@@ -621,12 +651,7 @@ class ImageTransformerSR(nn.Module):
             v = torch.gather(tokens, 1, q.clamp(0, tokens.shape[1] - 1).reshape(B, -1)).view_as(q)
             return v.clamp(0, VOCAB - 1)
 
-        t = u.clamp(max=SEQ_LEN - 1)
-        none = CHANNELS * VOCAB
-        prev = torch.where(t >= 1, read(u - 1) + VOCAB * self.tgt_ch[(t - 1).clamp(min=0)], none)
-        left = torch.where(self.tgt_c[t] >= 1, read(u - 3) + VOCAB * self.tgt_ch[t], none)
-        E = self.heads.draft_emb
-        return E[0][prev] + E[1][left]
+        return self._draft_embed(read(u - 1), read(u - 3), self._draft_rows(u))
 
     def _heads_one_by_one(self, h, k, src, pos, tokens, choose=None):
         """draft_emb's heads, one at a time: each reads the intensities before its target from
@@ -637,7 +662,7 @@ class ImageTransformerSR(nn.Module):
         What does not depend on the block's proposals (positions, the above reference, the
         input prior) is read once for all heads: per head only ~30 small ops remain (a call
         to neighbour_prior and draft_refs per head was ~70, measured 3x slower at batch 32)."""
-        H, f, C = self.heads, self.heads.f, CHANNELS
+        H, f = self.heads, self.heads.f
         B, S = tokens.shape
         if choose is not None:  # a copy to write the proposals into (tokens may end at pos)
             buf = tokens.new_zeros(B, max(S, SEQ_LEN + k))
@@ -657,39 +682,26 @@ class ImageTransformerSR(nn.Module):
         # heads 2..k: targets u, as (..., k-1)
         j = torch.arange(2, k + 1, device=dev)
         u = pos.unsqueeze(-1) + j - 1
-        t = u.clamp(max=SEQ_LEN - 1)
-        ch, col, inside = self.tgt_ch[t], self.tgt_c[t], u < SEQ_LEN
-        none = C * VOCAB  # draft_emb's row for a reference outside the image
-        prev_row = torch.where(t >= 1, VOCAB * self.tgt_ch[(t - 1).clamp(min=0)], none)
-        left_row = torch.where(col >= 1, VOCAB * ch, none)
+        rows = self._draft_rows(u)
         prior = self.prior(src, u)  # None without lr_prior
-        tab = H.nbr_prior
         if self.cfg.nbr_draft:  # neighbour_prior's references, as draft_heads reads them
-            rows0 = ((j - 2) * 3) * C + ch
-            ok0, ok2 = ((col >= 1) & inside).unsqueeze(-1), ((ch > 0) & (col >= 1) & inside).unsqueeze(-1)
-            above = offset_log_prior(tab, rows0 + C, read(t - 3 * IMAGE_SIZE)) \
-                * ((t >= 3 * IMAGE_SIZE) & inside).unsqueeze(-1)
+            fixed = self._draft_prior_fixed(read, u, j)
         elif self.cfg.nbr_prior:  # every reference is decoded: all heads at once
             nbr_all = self.neighbour_prior(buf, u, j)
         pre = F.linear(h, H.up.weight[:(k - 1) * f], H.up.bias[:(k - 1) * f])
         back = torch.tensor([1, 3, 4], device=dev)
-        E = H.draft_emb
         hidden = []
         for a in range(k - 1):  # head a + 2, target u[..., a]
             ua = u[..., a]
             v = read(ua.unsqueeze(-1) - back)  # the intensities 1, 3 and 4 before the target
             prev, left, back4 = v[..., 0], v[..., 1], v[..., 2]
-            draft = E[0][torch.where(prev_row[..., a] < none, prev + prev_row[..., a], none)] \
-                + E[1][torch.where(left_row[..., a] < none, left + left_row[..., a], none)]
+            draft = self._draft_embed(prev, left, (rows[0][..., a], rows[1][..., a]))
             z = self.out_proj(H.group(h, pre, hidden, a, draft))
             if prior is not None:  # as _with_prior adds it
                 dt = torch.promote_types(z.dtype, prior.dtype)
                 z = z.to(dt) + prior[..., a, :].to(dt)
-            if self.cfg.nbr_draft:  # summed in neighbour_prior's order
-                grad = (prev + left - back4).clamp(0, VOCAB - 1)
-                nbr = offset_log_prior(tab, rows0[..., a], left) * ok0[..., a, :] + above[..., a, :]
-                nbr = nbr + offset_log_prior(tab, rows0[..., a] + 2 * C, grad) * ok2[..., a, :]
-                z = z + nbr.to(z.dtype)
+            if self.cfg.nbr_draft:
+                z = z + self._draft_prior(fixed, a, prev, left, back4).to(z.dtype)
             elif self.cfg.nbr_prior:
                 z = z + nbr_all[..., a, :].to(z.dtype)
             logits.append(z)
