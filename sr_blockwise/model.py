@@ -504,15 +504,11 @@ class ImageTransformerSR(nn.Module):
         def read(p):
             return torch.gather(tokens, 1, p.clamp(min=0).reshape(B, -1)).view_as(p)
 
-        if self.cfg.nbr_draft:
-            left = read(t - 3)
-            # the pixel's previous channel, plus how the left pixel's two channels differ (G and B)
-            grad = (read(t - 1) + left - read(t - 4)).clamp(0, VOCAB - 1)
-            refs = ((left, col >= 1), (read(t - 3 * IMAGE_SIZE), t >= 3 * IMAGE_SIZE),
-                    (grad, (ch > 0) & (col >= 1)))
-        else:
-            back = (j + 2) // 3  # pixels back to the nearest decoded same channel: ceil(j / 3)
-            refs = ((read(t - 3 * back), col >= back), (read(t - 3 * IMAGE_SIZE), t >= 3 * IMAGE_SIZE))
+        if self.cfg.nbr_draft:  # every head at once, by the helpers draft_heads calls per head
+            fixed = self._draft_prior_fixed(read, tpos, j)
+            return self._draft_prior(fixed, slice(None), read(t - 1), read(t - 3), read(t - 4))
+        back = (j + 2) // 3  # pixels back to the nearest decoded same channel: ceil(j / 3)
+        refs = ((read(t - 3 * back), col >= back), (read(t - 3 * IMAGE_SIZE), t >= 3 * IMAGE_SIZE))
         out = 0
         for r, (val, ok) in enumerate(refs):
             row = ((j - 2) * len(refs) + r) * CHANNELS + ch  # the table's row for (head, reference, channel)
@@ -584,10 +580,10 @@ class ImageTransformerSR(nn.Module):
         if not self.cfg.nbr_draft:  # every reference is decoded: all heads at once
             nbr = self.neighbour_prior(tokens, pos[:, None] + j - 1, j)
             return torch.cat([first[:, None], choose(z[:, 1:] + nbr.to(z.dtype))], 1)
-        # neighbour_prior's nbr_draft references, split into what is decoded (read once, every
-        # head at once) and what the loop's own proposals supply; summed in neighbour_prior's
-        # order, so each head's logits are bit for bit head_logits' (tested). Calling
-        # neighbour_prior once per head cost ~35 small ops a head: more than a model call at batch 1.
+        # nbr_draft's references, split into what is decoded (read once, every head at once) and
+        # what the loop's own proposals supply; the same helpers neighbour_prior uses, so each
+        # head's logits are bit for bit head_logits' (tested). Calling neighbour_prior once per
+        # head cost ~35 small ops a head: more than a model call at batch 1.
         u = pos[:, None] + j - 1  # (b, k-1) the heads' targets
 
         def decoded(p):  # intensities at positions p (b, k-1) before pos (others are overwritten)
@@ -617,9 +613,10 @@ class ImageTransformerSR(nn.Module):
         return rows0, ok, above
 
     def _draft_prior(self, fixed, a, prev, left, back4):
-        """Head a+2's nbr_draft log-prior (..., 256) from `_draft_prior_fixed` and the
-        intensities 1, 3 and 4 before its target (decoded or proposed), summed in
-        neighbour_prior's order, so that it is bit for bit neighbour_prior's (tested)."""
+        """Head a+2's nbr_draft log-prior (..., 256) (a = slice(None): every head's) from
+        `_draft_prior_fixed` and the intensities 1, 3 and 4 before its target (decoded or
+        proposed): the pixel just left, the one above, and for G and B the pixel's previous
+        channel plus how the left pixel's two channels differ."""
         rows0, ok, above = fixed
         tab = self.heads.nbr_prior
         grad = (prev + left - back4).clamp(0, VOCAB - 1)
