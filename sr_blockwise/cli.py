@@ -11,6 +11,7 @@ def cmd_train(a):
                       init_from=a.init_from, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup,
                       schedule_offset=a.schedule_offset,
                       head_loss=a.head_loss, head_frac=a.head_frac, head_weight=a.head_weight,
+                      head_window=a.head_window,
                       max_steps=a.max_steps, max_minutes=a.max_minutes, ckpt_minutes=a.ckpt_minutes,
                       eval_minutes=a.eval_minutes, eval_images=a.eval_images, seed=a.seed, device=a.device, bf16=not a.fp32,
                       threads=a.threads)
@@ -54,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--head-loss", default="sum", choices=["sum", "random"])
     t.add_argument("--head-frac", type=float, default=0.25)
     t.add_argument("--head-weight", type=float, default=1.0)
+    t.add_argument("--head-window", type=int, default=0,
+                   help="W > 0: heads learn -log P(within W levels of the target), the eps=W rule's "
+                        "acceptance, instead of cross-entropy")
     t.add_argument("--max-steps", type=int, default=10**9)
     t.add_argument("--max-minutes", type=float, default=1e9)
     t.add_argument("--ckpt-minutes", type=float, default=5.0)

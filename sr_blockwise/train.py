@@ -12,7 +12,10 @@ With --distill in the heads stage the targets stay the frozen base's greedy outp
 k = n_blockwise on them (by replay, decoding.exact_block_stats): the heads' own learning curve,
 where val bits/dim would not move.
 Head loss: sum over all heads (default) or one random head per step (the paper's choice), on a
-random subset of positions (--head-frac) so the heads cost a fraction of the trunk.
+random subset of positions (--head-frac) so the heads cost a fraction of the trunk. Each head's
+loss is the cross-entropy of its target, or with --head-window W the negative log of the head's
+probability mass within W levels of the target: what the eps=W rule accepts, so the heads need
+not spend capacity on which of the 2W+1 values it is (pair it with window proposals).
 
 Resumable: a checkpoint (model, optimizer, step, data order, RNG) every few minutes and on Ctrl-C,
 written atomically; --resume continues. Runs under torchrun (DDP, gloo on CPU, nccl on CUDA).
@@ -59,6 +62,7 @@ class TrainConfig:
     head_loss: str = "sum"  # sum | random
     head_frac: float = 0.25  # fraction of positions the head loss uses
     head_weight: float = 1.0  # weight of the head loss against p1's
+    head_window: int = 0  # 0: cross-entropy; W > 0: -log P(|x - target| <= W) (window_nll)
     max_steps: int = 10**9
     max_minutes: float = 1e9
     ckpt_minutes: float = 5.0
@@ -74,6 +78,8 @@ class TrainConfig:
             raise ValueError(f"stage must be base, heads or finetune, got {self.stage!r}")
         if self.head_loss not in ("sum", "random"):
             raise ValueError(f"head_loss must be sum or random, got {self.head_loss!r}")
+        if self.head_window < 0:
+            raise ValueError(f"head_window must be >= 0 intensity levels, got {self.head_window}")
 
 
 FRESH_ADAM_RAMP = 100  # steps of linear ramp for a warm start's fresh optimizer (schedule_offset)
@@ -88,6 +94,16 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     ramp = min(1.0, step / FRESH_ADAM_RAMP) if cfg.schedule_offset else 1.0
     s = step + cfg.schedule_offset
     return cfg.lr * ramp * min(s / cfg.warmup, math.sqrt(cfg.warmup / s))
+
+
+def window_nll(logits: torch.Tensor, target: torch.Tensor, w: int) -> torch.Tensor:
+    """(..., 256) logits, (...) targets (-100: ignored, loss 0) -> (...) -log P(|x - target| <= w):
+    the log-probabilities of the 2w+1 values around the target (fewer at 0 and 255), summed."""
+    logp = logits.log_softmax(-1)
+    near = target.clamp(min=0)[..., None] + torch.arange(-w, w + 1, device=target.device)
+    inside = (near >= 0) & (near < logits.shape[-1])
+    lp = logp.gather(-1, near.clamp(0, logits.shape[-1] - 1)).masked_fill(~inside, float("-inf"))
+    return (-lp.logsumexp(-1)).masked_fill(target < 0, 0.0)
 
 
 class TrainingLoss(nn.Module):
@@ -143,7 +159,10 @@ class TrainingLoss(nn.Module):
         # each head's valid targets
         valid = (tpos < SEQ_LEN).expand(len(src), -1, -1)  # (B, P, g)
         target = tgt[:, tpos.clamp(max=SEQ_LEN - 1)].masked_fill(~valid, -100)
-        ce = F.cross_entropy(logits.flatten(0, 2), target.flatten(), ignore_index=-100, reduction="none")
+        if cfg.head_window:
+            ce = window_nll(logits, target, cfg.head_window)
+        else:
+            ce = F.cross_entropy(logits.flatten(0, 2), target.flatten(), ignore_index=-100, reduction="none")
         per_head = ce.view_as(target).sum((0, 1)) / valid.sum((0, 1))
         head_loss = per_head.sum() if cfg.head_loss == "sum" else per_head[0] * G
         return base_loss, head_loss, [float(x) for x in per_head.detach()]

@@ -89,17 +89,18 @@ def test_base_stage_heads_do_not_move_the_base():
         assert moved == name.startswith("heads."), name
 
 
-@pytest.mark.parametrize("head1,head_loss,draft_emb", [("base", "sum", False), ("layer", "sum", False),
-                                                        ("layer", "random", False), ("base", "sum", True),
-                                                        ("base", "random", True)])
-def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss, draft_emb):
+@pytest.mark.parametrize("head1,head_loss,draft_emb,window", [
+    ("base", "sum", False, 0), ("layer", "sum", False, 0), ("layer", "random", False, 0),
+    ("base", "sum", True, 0), ("base", "random", True, 0), ("base", "sum", True, 2), ("layer", "random", False, 3)])
+def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss, draft_emb, window):
     """Every head's training loss is the cross-entropy of the logits decoding gets from
-    `head_logits` (priors included) at the token it predicts, over the targets inside the image."""
+    `head_logits` (priors included) at the token it predicts, over the targets inside the image;
+    with a window W, -log of those logits' softmax mass on the values within W of the token."""
     from conftest import make_tiny
     from sr_blockwise.model import SEQ_LEN
     from sr_blockwise.train import TrainingLoss
     model = make_tiny(5, head1=head1, draft_emb=draft_emb).double().train()
-    cfg = TrainConfig(preset="tiny", stage="finetune", head_frac=1.0, head_loss=head_loss)
+    cfg = TrainConfig(preset="tiny", stage="finetune", head_frac=1.0, head_loss=head_loss, head_window=window)
     src, tgt = torch.randint(0, 256, (1, 192)), torch.randint(0, 256, (1, SEQ_LEN))
     _, head_loss_value, per_head = TrainingLoss(model, cfg)(src, tgt, torch.Generator().manual_seed(0))
     gen = torch.Generator().manual_seed(0)  # the positions and head the loss drew
@@ -113,9 +114,25 @@ def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss, draft
         j = g + (K - G)  # head1="base": group g is head g + 2 (index g + 1); "layer": head g + 1
         t = pos[0] + j
         valid = t < SEQ_LEN  # the last j positions have nothing that far ahead
-        want.append(float(torch.nn.functional.cross_entropy(logits[0, valid, j], tgt[0, t[valid]])))
+        p, x = logits[0, valid, j].softmax(-1), tgt[0, t[valid]]
+        near = (torch.arange(256)[None] - x[:, None]).abs() <= window  # (n, 256)
+        want.append(float(-(p * near).sum(-1).log().mean()))
     assert per_head == pytest.approx(want, rel=1e-5)
     assert float(head_loss_value.detach()) == pytest.approx(sum(want) if head_loss == "sum" else want[0] * G, rel=1e-5)
+
+
+def test_window_nll_is_minus_log_mass_near_the_target():
+    from sr_blockwise.train import window_nll
+    logits = torch.randn(3, 4, 256, dtype=torch.double)
+    target = torch.tensor([[0, 255, 100, -100], [1, 254, 7, 128], [3, 3, 3, -100]])
+    torch.testing.assert_close(window_nll(logits, target, 0), torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=-100, reduction="none").view(3, 4))
+    p = logits.softmax(-1)
+    assert float(window_nll(logits, target, 2)[0, 0]) == pytest.approx(float(-p[0, 0, :3].sum().log()))  # 0..2
+    assert float(window_nll(logits, target, 2)[1, 1]) == pytest.approx(float(-p[1, 1, 252:].sum().log()))  # 252..255
+    assert float(window_nll(logits, target, 2)[1, 2]) == pytest.approx(float(-p[1, 2, 5:10].sum().log()))
+    assert float(window_nll(logits, target, 2)[0, 3]) == 0.0  # ignored
+    assert (window_nll(logits, target, 3) <= window_nll(logits, target, 1)).all()
 
 
 def test_base_stage_training_with_heads_equals_training_without(small_data, tmp_path, monkeypatch):
