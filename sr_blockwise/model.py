@@ -188,6 +188,12 @@ def attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.softmax(s_t, dim=-2).transpose(-1, -2).contiguous() @ v.double()
 
 
+def intensities_at(tokens: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """tokens (B, S) at positions q (B, ...), clamped into 0..S-1: a caller reading before the
+    image or past what is decoded gets a value it masks out or overwrites."""
+    return torch.gather(tokens, 1, q.clamp(0, tokens.shape[1] - 1).reshape(len(tokens), -1)).view_as(q)
+
+
 def offset_log_prior(table: torch.Tensor, row: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """A learned log-prior over (intensity - a reference intensity), as the priors store it:
     table (..., 511) with entry o + 255 for offset o, row (B, ...) which of its rows (flattened
@@ -496,9 +502,7 @@ class ImageTransformerSR(nn.Module):
         of a head's target lie there); with it, also the block's proposals before the head's
         target (`draft_heads` fills them in; in training and replay they are the targets). A
         reference outside the image (first column or row) adds nothing."""
-        tab = self.heads.nbr_prior
         t = tpos.clamp(max=SEQ_LEN - 1)
-        ch, col = self.tgt_ch[t], self.tgt_c[t]
         B = tokens.shape[0]
 
         def read(p):
@@ -507,6 +511,7 @@ class ImageTransformerSR(nn.Module):
         if self.cfg.nbr_draft:  # every head at once, by the helpers draft_heads calls per head
             fixed = self._draft_prior_fixed(read, tpos, j)
             return self._draft_prior(fixed, slice(None), read(t - 1), read(t - 3), read(t - 4))
+        tab, ch, col = self.heads.nbr_prior, self.tgt_ch[t], self.tgt_c[t]
         back = (j + 2) // 3  # pixels back to the nearest decoded same channel: ceil(j / 3)
         refs = ((read(t - 3 * back), col >= back), (read(t - 3 * IMAGE_SIZE), t >= 3 * IMAGE_SIZE))
         out = 0
@@ -587,7 +592,7 @@ class ImageTransformerSR(nn.Module):
         u = pos[:, None] + j - 1  # (b, k-1) the heads' targets
 
         def decoded(p):  # intensities at positions p (b, k-1) before pos (others are overwritten)
-            return torch.gather(tokens, 1, p.clamp(0, tokens.shape[1] - 1))
+            return intensities_at(tokens, p)
 
         left_dec, back4_dec = decoded(u - 3), decoded(u - 4)
         fixed = self._draft_prior_fixed(decoded, u, j)
@@ -642,11 +647,8 @@ class ImageTransformerSR(nn.Module):
         """draft_emb's reference embeddings (B, ..., d) for heads whose targets are u (B, ...),
         read from tokens (B, S): the intensity just before the target and the same channel one
         pixel left (none in the first column)."""
-        B = tokens.shape[0]
-
         def read(q):
-            v = torch.gather(tokens, 1, q.clamp(0, tokens.shape[1] - 1).reshape(B, -1)).view_as(q)
-            return v.clamp(0, VOCAB - 1)
+            return intensities_at(tokens, q).clamp(0, VOCAB - 1)
 
         return self._draft_embed(read(u - 1), read(u - 3), self._draft_rows(u))
 
@@ -669,7 +671,7 @@ class ImageTransformerSR(nn.Module):
             buf = tokens
 
         def read(q):  # intensities at positions q (B, ...), decoded or (drafting) proposed
-            return torch.gather(buf, 1, q.clamp(0, S - 1).reshape(B, -1)).view_as(q)
+            return intensities_at(buf, q)
 
         dev = h.device
         p1 = self._with_prior(self.out_proj(h), src, pos)
