@@ -330,7 +330,7 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync"])
             page = browser.new_page()
-            page.set_default_timeout(20_000)
+            page.set_default_timeout(60_000)  # the CI machine may be loaded: slow is not wrong
             banner = page.locator("#banner")
 
             def start(url, tick=False):
