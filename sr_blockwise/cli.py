@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the base model / blockwise heads (resumable)")
     t.add_argument("--run", "--run-name", dest="run", default="cpu-base",
                    help="run name: checkpoints in ~/.cache/sr-blockwise/RUN (under torchrun spell it --run-name)")
-    t.add_argument("--preset", default="cpu", choices=["tiny", "cpu", "paper"])
+    t.add_argument("--preset", default="cpu", choices=["tiny", "cpu", "gpu", "paper"])
     t.add_argument("--stage", default="base", choices=["base", "heads", "finetune"])
     t.add_argument("--data", default=None, help="prepared .npz, CelebA folder or photo folder")
     t.add_argument("--distill", default=None, help=".npz of greedy outputs to train on (finetune)")

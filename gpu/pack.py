@@ -1,0 +1,107 @@
+"""Carry CelebA faces to the lent GPU machine and back into an .npz there, losslessly.
+
+The device tool sends the working tree and at most 64 MiB in all; ../shared/data does not travel,
+and celeba32.npz (92.6 MB) would not fit beside the repo (~37 MB). Lossless WebP mosaics of 32x32
+faces take ~55% of the raw bytes (zlib: 96%, PNG: 75%), so the training faces are packed into
+mosaics under a git-ignored folder that `carry` names. Held-out test faces are never packed: they
+stay on this machine, where the weights are scored.
+
+    python gpu/pack.py pack .gpu/faces --max-mb 29      # here: as many training faces as fit
+    python gpu/pack.py unpack .gpu/faces /tmp/faces.npz  # there: back to the .npz train reads
+
+Unpack checks the sha256 of the images against the one pack wrote, so a lossy path cannot slip in.
+Only numpy and Pillow (both on the GPU machine's image) are needed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+SIDE = 32  # faces per mosaic side: a 1024x1024 WebP holds 1,024 faces (~1.8 MB)
+
+
+def _sha(images: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(images).tobytes()).hexdigest()
+
+
+def pack(out: Path, data: Path, max_mb: float, n_val: int, seed: int) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from sr_blockwise.data import load_faces
+
+    faces = load_faces(data)
+    train, val = faces.part("train"), faces.part("val")
+    order = np.random.default_rng(seed).permutation(len(train))  # a random subset when not all fit
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("mosaic-*.webp"):
+        old.unlink()
+    # validation faces first (the training log's bits/dim), then training faces until the budget
+    pool_images = np.concatenate([val.images[:n_val], train.images[order]])
+    pool_ids = np.concatenate([val.ids[:n_val], train.ids[order]])
+    pool_split = np.concatenate([val.split[:n_val], train.split[order]])
+    per = SIDE * SIDE
+    used, n = 0, 0
+    for i in range(0, len(pool_images), per):
+        chunk = pool_images[i:i + per]
+        grid = np.zeros((per, 32, 32, 3), np.uint8)
+        grid[:len(chunk)] = chunk
+        grid = grid.reshape(SIDE, SIDE, 32, 32, 3).transpose(0, 2, 1, 3, 4).reshape(SIDE * 32, SIDE * 32, 3)
+        path = out / f"mosaic-{i // per:03d}.webp"
+        Image.fromarray(grid).save(path, "WEBP", lossless=True, quality=100, method=6)
+        size = path.stat().st_size
+        if used + size > max_mb * 1e6:  # over the budget: keep whole mosaics only
+            path.unlink()
+            break
+        used, n = used + size, n + len(chunk)
+    meta = {"n": n, "ids": pool_ids[:n].tolist(), "split": pool_split[:n].tolist(),
+            "sha256": _sha(pool_images[:n]), "side": SIDE, "source": str(data),
+            "n_val": int(min(n_val, len(val))), "n_train_all": int(len(train)), "bytes": used}
+    (out / "meta.json").write_text(json.dumps(meta))
+    return meta
+
+
+def unpack(src: Path, out: Path) -> int:
+    meta = json.loads((src / "meta.json").read_text())
+    side, n = meta["side"], meta["n"]
+    tiles = []
+    for path in sorted(src.glob("mosaic-*.webp")):
+        grid = np.asarray(Image.open(path).convert("RGB"))
+        tiles.append(grid.reshape(side, 32, side, 32, 3).transpose(0, 2, 1, 3, 4).reshape(-1, 32, 32, 3))
+    images = np.concatenate(tiles)[:n]
+    if len(images) != n or _sha(images) != meta["sha256"]:
+        raise SystemExit(f"{src}: unpacked faces do not match what was packed (sha256 or count)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out, images=images, celeba_id=np.array(meta["ids"], np.int64),
+             split=np.array(meta["split"], np.int64))
+    return n
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("pack", help="training (+ a few validation) faces -> lossless WebP mosaics")
+    a.add_argument("out", type=Path)
+    a.add_argument("--data", type=Path, default=None, help="default: ../shared/data/celeba32.npz")
+    a.add_argument("--max-mb", type=float, default=29.0, help="budget for the mosaics, in MB")
+    a.add_argument("--n-val", type=int, default=256, help="validation faces to include")
+    a.add_argument("--seed", type=int, default=0)
+    b = sub.add_parser("unpack", help="mosaics -> .npz (images, celeba_id, split)")
+    b.add_argument("src", type=Path)
+    b.add_argument("out", type=Path)
+    args = p.parse_args(argv)
+    if args.cmd == "pack":
+        m = pack(args.out, args.data, args.max_mb, args.n_val, args.seed)
+        print(f"packed {m['n']} faces ({m['n_val']} validation, {m['n'] - m['n_val']} of "
+              f"{m['n_train_all']} training) in {m['bytes'] / 1e6:.1f} MB under {args.out}")
+    else:
+        print(f"unpacked {unpack(args.src, args.out)} faces to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

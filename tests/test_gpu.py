@@ -1,0 +1,80 @@
+"""The prepared GPU run (gpu/): faces packed losslessly for the trip, and the training script end
+to end on this CPU with the tiny preset (the same script, only its settings differ)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sr_blockwise.checkpoints import load_model
+from sr_blockwise.data import load_faces, part_mask
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pack(*args):
+    return subprocess.run([sys.executable, str(ROOT / "gpu" / "pack.py"), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def small_npz(celeba_npz, tmp_path_factory):
+    """1,500 real faces of every part of the split (test faces included: pack must leave them out)."""
+    with np.load(celeba_npz) as d:
+        keep = np.r_[0:1200, np.flatnonzero(d["split"] == 1)[:100], np.flatnonzero(part_mask("test", d["celeba_id"], d["split"]))[:200]]
+        path = tmp_path_factory.mktemp("small") / "faces.npz"
+        np.savez(path, images=d["images"][keep], celeba_id=d["celeba_id"][keep], split=d["split"][keep])
+    return path
+
+
+def test_pack_round_trip_is_lossless_and_leaves_out_the_test_faces(small_npz, tmp_path):
+    r = pack("pack", tmp_path / "faces", "--data", small_npz, "--n-val", 64, "--max-mb", 100)
+    assert r.returncode == 0, r.stderr
+    r = pack("unpack", tmp_path / "faces", tmp_path / "back.npz")
+    assert r.returncode == 0, r.stderr
+    src, back = load_faces(small_npz), load_faces(tmp_path / "back.npz")
+    assert len(back.part("test")) == 0 and len(back.part("val")) == 64
+    assert len(back.part("train")) == len(src.part("train"))  # everything fits in 100 MB
+    # the same faces, bit for bit, each with its own id and partition
+    by_id = {i: img for i, img in zip(src.ids, src.images)}
+    assert all((by_id[i] == img).all() for i, img in zip(back.ids, back.images))
+    assert (back.part("val").ids == src.part("val").ids[:64]).all()
+
+
+def test_pack_keeps_to_the_budget_and_unpack_refuses_altered_faces(small_npz, tmp_path):
+    out = tmp_path / "faces"
+    assert pack("pack", out, "--data", small_npz, "--n-val", 0, "--max-mb", 2.0).returncode == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert 0 < meta["n"] < len(load_faces(small_npz).part("train")) and meta["bytes"] <= 2e6
+    mosaic = sorted(out.glob("mosaic-*.webp"))[0]
+    grid = np.asarray(Image.open(mosaic)).copy()
+    grid[5, 5, 0] ^= 1  # one intensity, one level off
+    Image.fromarray(grid).save(mosaic, "WEBP", lossless=True)
+    r = pack("unpack", out, tmp_path / "back.npz")
+    assert r.returncode != 0 and "do not match" in r.stderr
+    assert not (tmp_path / "back.npz").exists()
+
+
+def test_gpu_script_dry_run_on_cpu(small_npz, tmp_path):
+    """train.sh with the tiny preset for 2 steps a stage: both stages come back as bf16 weights
+    without optimizer state, that load, and whose fine-tuned model started from the base's."""
+    packed = tmp_path / "faces"
+    assert pack("pack", packed, "--data", small_npz, "--n-val", 16, "--max-mb", 100).returncode == 0
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), SR_BLOCKWISE_CACHE=str(tmp_path / "cache"), PY=sys.executable,
+               DEVICE="cpu", PRESET="tiny", BATCH="2", MAX_STEPS="2", PACKED=str(packed), OMP_NUM_THREADS="1")
+    r = subprocess.run([str(ROOT / "gpu" / "train.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for run in ("gpu-base", "gpu-ft"):
+        ck = torch.load(out / f"{run}.pt", map_location="cpu", weights_only=True)
+        assert "opt" not in ck and ck["step"] == 2
+        assert all(v.dtype == torch.bfloat16 for v in ck["model"].values() if v.is_floating_point())
+        load_model(out / f"{run}.pt")
+    assert "done" in (out / "run.log").read_text()
+    ft = torch.load(out / "gpu-ft.pt", map_location="cpu", weights_only=True)
+    assert ft["train_config"]["init_from"].endswith("gpu-base/last.pt")
