@@ -6,7 +6,7 @@ faces take ~55% of the raw bytes (zlib: 96%, PNG: 75%), so the training faces ar
 mosaics under a git-ignored folder that `carry` names. Held-out test faces are never packed: they
 stay on this machine, where the weights are scored.
 
-    python gpu/pack.py pack .gpu/faces --max-mb 29      # here: as many training faces as fit
+    python gpu/pack.py pack .gpu/faces                   # here: as many training faces as fit
     python gpu/pack.py unpack .gpu/faces /tmp/faces.npz  # there: back to the .npz train reads
 
 Unpack checks the sha256 of the images against the one pack wrote, so a lossy path cannot slip in.
@@ -17,17 +17,29 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+CARRY_LIMIT = 64 * 2**20  # bytes the device tool carries: working tree + carried paths
+MARGIN = 1.5e6  # for meta.json and files added after packing
 SIDE = 32  # faces per mosaic side: a 1024x1024 WebP holds 1,024 faces (~1.8 MB)
 
 
 def _sha(images: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(images).tobytes()).hexdigest()
+
+
+def auto_budget_mb(repo: Path) -> float:
+    """What is left of the carry limit after the files that travel anyway (tracked, and untracked
+    but not ignored): the repo grows every session, so the budget is measured, not fixed."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    tree = sum((repo / f.decode()).stat().st_size for f in files if f and (repo / f.decode()).is_file())
+    return (CARRY_LIMIT - tree - MARGIN) / 1e6
 
 
 def pack(out: Path, data: Path, max_mb: float, n_val: int, seed: int) -> dict:
@@ -87,7 +99,8 @@ def main(argv=None) -> int:
     a = sub.add_parser("pack", help="training (+ a few validation) faces -> lossless WebP mosaics")
     a.add_argument("out", type=Path)
     a.add_argument("--data", type=Path, default=None, help="default: ../shared/data/celeba32.npz")
-    a.add_argument("--max-mb", type=float, default=29.0, help="budget for the mosaics, in MB")
+    a.add_argument("--max-mb", type=float, default=None,
+                   help="budget for the mosaics, in MB (default: what the repo leaves of 64 MiB)")
     a.add_argument("--n-val", type=int, default=256, help="validation faces to include")
     a.add_argument("--seed", type=int, default=0)
     b = sub.add_parser("unpack", help="mosaics -> .npz (images, celeba_id, split)")
@@ -95,7 +108,8 @@ def main(argv=None) -> int:
     b.add_argument("out", type=Path)
     args = p.parse_args(argv)
     if args.cmd == "pack":
-        m = pack(args.out, args.data, args.max_mb, args.n_val, args.seed)
+        budget = args.max_mb if args.max_mb is not None else auto_budget_mb(Path(__file__).resolve().parent.parent)
+        m = pack(args.out, args.data, budget, args.n_val, args.seed)
         print(f"packed {m['n']} faces ({m['n_val']} validation, {m['n'] - m['n_val']} of "
               f"{m['n_train_all']} training) in {m['bytes'] / 1e6:.1f} MB under {args.out}")
     else:
