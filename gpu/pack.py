@@ -50,8 +50,8 @@ def pack(out: Path, data: Path, max_mb: float, n_val: int, seed: int) -> dict:
     train, val = faces.part("train"), faces.part("val")
     order = np.random.default_rng(seed).permutation(len(train))  # a random subset when not all fit
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("mosaic-*.webp"):
-        old.unlink()
+    for old in [*out.glob("mosaic-*.webp"), out / "meta.json"]:  # never a stale pack
+        old.unlink(missing_ok=True)
     # validation faces first (the training log's bits/dim), then training faces until the budget
     pool_images = np.concatenate([val.images[:n_val], train.images[order]])
     pool_ids = np.concatenate([val.ids[:n_val], train.ids[order]])
@@ -70,9 +70,13 @@ def pack(out: Path, data: Path, max_mb: float, n_val: int, seed: int) -> dict:
             path.unlink()
             break
         used, n = used + size, n + len(chunk)
+    n_val = int(min(n_val, len(val)))
+    if n <= n_val:  # not one training face: the run would have nothing to learn from
+        raise SystemExit(f"the budget of {max_mb:.1f} MB holds {n} faces, not more than the {n_val} "
+                         f"validation faces: no training face fits (one mosaic of {per} faces is ~1.8 MB)")
     meta = {"n": n, "ids": pool_ids[:n].tolist(), "split": pool_split[:n].tolist(),
             "sha256": _sha(pool_images[:n]), "side": SIDE, "source": str(data),
-            "n_val": int(min(n_val, len(val))), "n_train_all": int(len(train)), "bytes": used}
+            "n_val": n_val, "n_train_all": int(len(train)), "bytes": used}
     (out / "meta.json").write_text(json.dumps(meta))
     return meta
 
@@ -84,6 +88,8 @@ def unpack(src: Path, out: Path) -> int:
     for path in sorted(src.glob("mosaic-*.webp")):
         grid = np.asarray(Image.open(path).convert("RGB"))
         tiles.append(grid.reshape(side, 32, side, 32, 3).transpose(0, 2, 1, 3, 4).reshape(-1, 32, 32, 3))
+    if not tiles:
+        raise SystemExit(f"{src}: no mosaic-*.webp files")
     images = np.concatenate(tiles)[:n]
     if len(images) != n or _sha(images) != meta["sha256"]:
         raise SystemExit(f"{src}: unpacked faces do not match what was packed (sha256 or count)")

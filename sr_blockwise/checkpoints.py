@@ -32,6 +32,16 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def compact_state_dict(state: dict) -> dict:
+    """A state dict for carrying a model home (gpu/train.sh): matrices in bf16, halving the
+    bytes, but the priors, the output projection and all vectors in float32, since decoding keeps
+    those wide on purpose (ImageTransformerSR.for_inference)."""
+    def keep_wide(name: str, v: torch.Tensor) -> bool:
+        return v.ndim <= 1 or "prior" in name or name.startswith("lm_head")
+    return {k: v.to(torch.bfloat16) if v.is_floating_point() and not keep_wide(k, v) else v
+            for k, v in state.items()}
+
+
 def save_weights(model: ImageTransformerSR, out: str | Path, meta: dict | None = None) -> Path:
     """Write out.safetensors and out.json; returns the .json path."""
     out = Path(out)

@@ -60,21 +60,55 @@ def test_pack_keeps_to_the_budget_and_unpack_refuses_altered_faces(small_npz, tm
     assert not (tmp_path / "back.npz").exists()
 
 
+def test_pack_refuses_a_budget_without_training_faces(small_npz, tmp_path):
+    r = pack("pack", tmp_path / "faces", "--data", small_npz, "--n-val", 64, "--max-mb", 0.5)
+    assert r.returncode != 0 and "no training face fits" in r.stderr
+    assert not (tmp_path / "faces" / "meta.json").exists()
+
+
+def test_gpu_preset_comes_back_in_one_file():
+    """The device tool returns files of at most 16 MiB: the gpu preset's checkpoint as train.sh
+    writes it (matrices in bf16, priors and output projection float32) must fit, with room for the pickle."""
+    from sr_blockwise.checkpoints import compact_state_dict
+    from sr_blockwise.model import ImageTransformerSR, preset
+    state = compact_state_dict(ImageTransformerSR(preset("gpu")).state_dict())
+    assert state["lr_prior"].dtype == state["heads.nbr_prior"].dtype == state["lm_head.weight"].dtype == torch.float32
+    assert state["decoder.0.self_attn.qkv.weight"].dtype == torch.bfloat16
+    sizes = [v.numel() * v.element_size() for v in state.values()]
+    assert sum(sizes) < 16 * 2**20 - 500_000
+
+
 def test_gpu_script_dry_run_on_cpu(small_npz, tmp_path):
-    """train.sh with the tiny preset for 2 steps a stage: both stages come back as bf16 weights
-    without optimizer state, that load, and whose fine-tuned model started from the base's."""
+    """train.sh with the tiny preset for 2 steps a stage, scoring validation faces every step:
+    both stages come back without optimizer state, load, export with test scores, and the
+    fine-tuned run started from the base's weights."""
     packed = tmp_path / "faces"
     assert pack("pack", packed, "--data", small_npz, "--n-val", 16, "--max-mb", 100).returncode == 0
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), SR_BLOCKWISE_CACHE=str(tmp_path / "cache"), PY=sys.executable,
-               DEVICE="cpu", PRESET="tiny", BATCH="2", MAX_STEPS="2", PACKED=str(packed), OMP_NUM_THREADS="1")
+               DEVICE="cpu", PRESET="tiny", BATCH="2", MAX_STEPS="2", EVAL_MIN="0", PACKED=str(packed),
+               OMP_NUM_THREADS="1")
     r = subprocess.run([str(ROOT / "gpu" / "train.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for run in ("gpu-base", "gpu-ft"):
         ck = torch.load(out / f"{run}.pt", map_location="cpu", weights_only=True)
-        assert "opt" not in ck and ck["step"] == 2
-        assert all(v.dtype == torch.bfloat16 for v in ck["model"].values() if v.is_floating_point())
+        assert "opt" not in ck and ck["step"] == 2 and ck["best_val_bpd"] < 9  # scored, not inf
         load_model(out / f"{run}.pt")
+        assert "val_bpd" in (out / f"{run}-log.csv").read_text()
     assert "done" in (out / "run.log").read_text()
-    ft = torch.load(out / "gpu-ft.pt", map_location="cpu", weights_only=True)
-    assert ft["train_config"]["init_from"].endswith("gpu-base/last.pt")
+    # the fine-tuned run began from the base's weights (from a fresh start the relative distance
+    # would be ~1.4), and bringing back kept the tiny model's tensors (all small) in float32
+    base = torch.load(out / "gpu-base.pt", map_location="cpu", weights_only=True)["model"]
+    ft = torch.load(out / "gpu-ft.pt", map_location="cpu", weights_only=True)["model"]
+    on_disk = torch.load(tmp_path / "cache" / "gpu-base" / "last.pt", map_location="cpu", weights_only=True)["model"]
+    w = [n for n, v in base.items() if n.startswith("decoder") and v.ndim == 2]
+    dist = sum((ft[n] - base[n]).norm() ** 2 for n in w) ** 0.5 / sum(base[n].norm() ** 2 for n in w) ** 0.5
+    assert 0 < dist < 0.05
+    assert all(torch.equal(base[n], on_disk[n].to(base[n].dtype)) for n in base)
+    assert base["lr_prior"].dtype == torch.float32 and base["decoder.0.ff.up.weight"].dtype == torch.bfloat16
+    # and exports as shipped weights would be, scored on the held-out faces
+    r = subprocess.run([sys.executable, "-m", "sr_blockwise", "export", str(out / "gpu-ft.pt"), "--name", "gpu-ft",
+                        "--data", str(small_npz), "--eval-images", "4", "--out-dir", str(tmp_path / "w")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "w" / "gpu-ft.json").read_text())["meta"]["test_images_scored"] == 4
