@@ -290,6 +290,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         rank, world = dist.get_rank(), dist.get_world_size()
         if cfg.device.startswith("cuda"):
             cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+            torch.cuda.set_device(cfg.device)  # nccl's collectives run on the current device
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run_dir = CACHE_DIR / cfg.run
@@ -379,7 +380,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     last = {}
     restore_determinism = deterministic_algorithms()
     try:
-        while step < cfg.max_steps and not _should_stop(stop["flag"] or (time.time() - t_start) / 60 >= cfg.max_minutes, ddp):
+        while step < cfg.max_steps and not _should_stop(stop["flag"] or (time.time() - t_start) / 60 >= cfg.max_minutes, ddp, cfg.device):
             epoch, i = divmod(step, per_epoch)
             # data order is a pure function of (seed, epoch, step): resuming continues exactly
             perm = np.random.default_rng([cfg.seed, epoch]).permutation(n)
@@ -461,12 +462,13 @@ def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
         raise ValueError(f"{path}: cannot resume with different settings (checkpoint, now): {diff}")
 
 
-def _should_stop(local: bool, ddp: bool) -> bool:
+def _should_stop(local: bool, ddp: bool, device: str = "cpu") -> bool:
     """Under DDP every rank must leave the loop at the same step, or the others hang in the
-    gradient all-reduce: any rank that wants to stop stops them all."""
+    gradient all-reduce: any rank that wants to stop stops them all. (On the training device:
+    nccl reduces only CUDA tensors.)"""
     if not ddp:
         return local
-    flag = torch.tensor([1.0 if local else 0.0])
+    flag = torch.tensor([1.0 if local else 0.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
