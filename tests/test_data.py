@@ -93,3 +93,19 @@ def test_celeba_folder_part_filters_before_reading(celeba_npz):
     test = load_faces(root, part="test")
     assert len(test) > 0 and all(i % 16 == 0 for i in test.ids) and (test.split == 2).all()
     assert len(test) < 5999 / 8  # only the held-out photos were read
+
+
+def test_no_celeba_pixels_are_tracked():
+    """Evaluation grids and prepared arrays hold CelebA faces: they stay out of git (results/ is
+    ignored; sessions 16-19 force-added grids by mistake)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    bad = [f for f in tracked if f.endswith((".npz", ".npy")) or Path(f).name.startswith("grid_")
+           or f.startswith(("data/", "results/")) and f.lower().endswith((".jpg", ".jpeg", ".png", ".webp"))
+           and not Path(f).name.startswith(("mean_block", "quality_vs", "speedup_vs", "learning-curve"))]
+    assert bad == []
