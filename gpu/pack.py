@@ -10,7 +10,7 @@ stay on this machine, where the weights are scored.
     python gpu/pack.py unpack .gpu/faces /tmp/faces.npz  # there: back to the .npz train reads
 
 Unpack checks the sha256 of the images against the one pack wrote, so a lossy path cannot slip in.
-Only numpy and Pillow (both on the GPU machine's image) are needed.
+It needs only what sr_blockwise.data needs (numpy, Pillow, tqdm: all on the GPU machine's image).
 """
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+from sr_blockwise.data import Faces, load_faces, save_faces  # noqa: E402
+
 CARRY_LIMIT = 64 * 2**20  # bytes the device tool carries: working tree + carried paths
 MARGIN = 1.5e6  # for meta.json and files added after packing
 SIDE = 32  # faces per mosaic side: a 1024x1024 WebP holds 1,024 faces (~1.8 MB)
@@ -31,6 +34,16 @@ SIDE = 32  # faces per mosaic side: a 1024x1024 WebP holds 1,024 faces (~1.8 MB)
 
 def _sha(images: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(images).tobytes()).hexdigest()
+
+
+def to_mosaic(faces: np.ndarray) -> np.ndarray:
+    """(SIDE*SIDE, 32, 32, 3) faces -> one (SIDE*32, SIDE*32, 3) image, row by row."""
+    return faces.reshape(SIDE, SIDE, 32, 32, 3).transpose(0, 2, 1, 3, 4).reshape(SIDE * 32, SIDE * 32, 3)
+
+
+def from_mosaic(grid: np.ndarray) -> np.ndarray:
+    """The inverse of to_mosaic."""
+    return grid.reshape(SIDE, 32, SIDE, 32, 3).transpose(0, 2, 1, 3, 4).reshape(-1, 32, 32, 3)
 
 
 def auto_budget_mb(repo: Path) -> float:
@@ -43,9 +56,6 @@ def auto_budget_mb(repo: Path) -> float:
 
 
 def pack(out: Path, data: Path, max_mb: float, n_val: int, seed: int) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from sr_blockwise.data import load_faces
-
     faces = load_faces(data)
     train, val = faces.part("train"), faces.part("val")
     order = np.random.default_rng(seed).permutation(len(train))  # a random subset when not all fit
@@ -62,9 +72,8 @@ def pack(out: Path, data: Path, max_mb: float, n_val: int, seed: int) -> dict:
         chunk = pool_images[i:i + per]
         grid = np.zeros((per, 32, 32, 3), np.uint8)
         grid[:len(chunk)] = chunk
-        grid = grid.reshape(SIDE, SIDE, 32, 32, 3).transpose(0, 2, 1, 3, 4).reshape(SIDE * 32, SIDE * 32, 3)
         path = out / f"mosaic-{i // per:03d}.webp"
-        Image.fromarray(grid).save(path, "WEBP", lossless=True, quality=100, method=6)
+        Image.fromarray(to_mosaic(grid)).save(path, "WEBP", lossless=True, quality=100, method=6)
         size = path.stat().st_size
         if used + size > max_mb * 1e6:  # over the budget: keep whole mosaics only
             path.unlink()
@@ -83,19 +92,16 @@ def pack(out: Path, data: Path, max_mb: float, n_val: int, seed: int) -> dict:
 
 def unpack(src: Path, out: Path) -> int:
     meta = json.loads((src / "meta.json").read_text())
-    side, n = meta["side"], meta["n"]
-    tiles = []
-    for path in sorted(src.glob("mosaic-*.webp")):
-        grid = np.asarray(Image.open(path).convert("RGB"))
-        tiles.append(grid.reshape(side, 32, side, 32, 3).transpose(0, 2, 1, 3, 4).reshape(-1, 32, 32, 3))
+    if meta["side"] != SIDE:
+        raise SystemExit(f"{src}: packed with {meta['side']} faces a side, this pack.py uses {SIDE}")
+    n = meta["n"]
+    tiles = [from_mosaic(np.asarray(Image.open(p).convert("RGB"))) for p in sorted(src.glob("mosaic-*.webp"))]
     if not tiles:
         raise SystemExit(f"{src}: no mosaic-*.webp files")
     images = np.concatenate(tiles)[:n]
     if len(images) != n or _sha(images) != meta["sha256"]:
         raise SystemExit(f"{src}: unpacked faces do not match what was packed (sha256 or count)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(out, images=images, celeba_id=np.array(meta["ids"], np.int64),
-             split=np.array(meta["split"], np.int64))
+    save_faces(Faces(images, np.array(meta["ids"], np.int64), np.array(meta["split"], np.int64), [], []), out)
     return n
 
 

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from sr_blockwise.checkpoints import load_model
-from sr_blockwise.data import load_faces, part_mask
+from sr_blockwise.data import load_faces, part_mask, save_faces
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,10 +25,12 @@ def pack(*args):
 @pytest.fixture(scope="module")
 def small_npz(celeba_npz, tmp_path_factory):
     """1,500 real faces of every part of the split (test faces included: pack must leave them out)."""
-    with np.load(celeba_npz) as d:
-        keep = np.r_[0:1200, np.flatnonzero(d["split"] == 1)[:100], np.flatnonzero(part_mask("test", d["celeba_id"], d["split"]))[:200]]
-        path = tmp_path_factory.mktemp("small") / "faces.npz"
-        np.savez(path, images=d["images"][keep], celeba_id=d["celeba_id"][keep], split=d["split"][keep])
+    faces = load_faces(celeba_npz)
+    test = np.flatnonzero(part_mask("test", faces.ids, faces.split))
+    path = tmp_path_factory.mktemp("small") / "faces.npz"
+    keep = np.zeros(len(faces), bool)  # Faces.subset takes a mask
+    keep[np.r_[0:1200, np.flatnonzero(faces.split == 1)[:100], test[:200]]] = True
+    save_faces(faces.subset(keep), path)
     return path
 
 
