@@ -86,23 +86,34 @@ def test_gpu_script_dry_run_on_cpu(small_npz, tmp_path):
     fine-tuned run started from the base's weights."""
     packed = tmp_path / "faces"
     assert pack("pack", packed, "--data", small_npz, "--n-val", 16, "--max-mb", 100).returncode == 0
+    # the warm start beside them begins from "shipped" weights: here a tiny model's checkpoint
+    from sr_blockwise.model import ImageTransformerSR, preset
+    torch.manual_seed(7)
+    warm = ImageTransformerSR(preset("tiny"))
+    torch.save({"model": warm.state_dict(), "model_config": warm.cfg.to_dict()}, tmp_path / "warm.pt")
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), SR_BLOCKWISE_CACHE=str(tmp_path / "cache"), PY=sys.executable,
                DEVICE="cpu", PRESET="tiny", BATCH="2", MAX_STEPS="2", EVAL_MIN="0", PACKED=str(packed),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", THREADS="1", WARM_FROM=str(tmp_path / "warm.pt"), WARM_PRESET="tiny")
     r = subprocess.run([str(ROOT / "gpu" / "train.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    for run in ("gpu-base", "gpu-ft"):
+    for run in ("gpu-base", "gpu-ft", "warm-ft"):
         ck = torch.load(out / f"{run}.pt", map_location="cpu", weights_only=True)
-        assert "opt" not in ck and ck["step"] == 2 and ck["best_val_bpd"] < 9  # scored, not inf
+        # the best-scored checkpoint came back (validation at every step here: a best.pt was kept)
+        assert (tmp_path / "cache" / run / "best.pt").exists()
+        assert "opt" not in ck and 1 <= ck["step"] <= 2 and ck["best_val_bpd"] < 9  # scored, not inf
         load_model(out / f"{run}.pt")
         assert "val_bpd" in (out / f"{run}-log.csv").read_text()
     assert "done" in (out / "run.log").read_text()
+    # the warm start trained the given weights, not fresh ones
+    w_ft = torch.load(out / "warm-ft.pt", map_location="cpu", weights_only=True)["model"]
+    name = "decoder.0.ff.up.weight"
+    assert 0 < (w_ft[name].float() - warm.state_dict()[name]).norm() < 0.05 * warm.state_dict()[name].norm()
     # the fine-tuned run began from the base's weights (from a fresh start the relative distance
     # would be ~1.4), and bringing back kept the tiny model's tensors (all small) in float32
     base = torch.load(out / "gpu-base.pt", map_location="cpu", weights_only=True)["model"]
     ft = torch.load(out / "gpu-ft.pt", map_location="cpu", weights_only=True)["model"]
-    on_disk = torch.load(tmp_path / "cache" / "gpu-base" / "last.pt", map_location="cpu", weights_only=True)["model"]
+    on_disk = torch.load(tmp_path / "cache" / "gpu-base" / "best.pt", map_location="cpu", weights_only=True)["model"]
     w = [n for n, v in base.items() if n.startswith("decoder") and v.ndim == 2]
     dist = sum((ft[n] - base[n]).norm() ** 2 for n in w) ** 0.5 / sum(base[n].norm() ** 2 for n in w) ** 0.5
     assert 0 < dist < 0.05
