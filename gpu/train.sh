@@ -23,6 +23,7 @@ MAX_STEPS=${MAX_STEPS:-1000000000}
 EVAL_MIN=${EVAL_MIN:-0.5}     # validation bits/dim (256 faces) this often: a second on a GPU
 THREADS=${THREADS:-4}         # CPU threads a training process takes (16 cores there, two processes)
 PACKED=${PACKED:-.gpu/faces}
+SCRATCH=${SCRATCH:-1}         # 0: no new model, only the warm start (a second, shorter call)
 # beside it, on the same GPU: the shipped weights fine-tuned on the same faces, a safer bet than a
 # new model trained from scratch in minutes ("" leaves it out); its lr is ~constant (Noam far past
 # its warmup), about 5x what it ended at on the CPU, for a batch 8x larger
@@ -69,19 +70,23 @@ if [ -n "$WARM_FROM" ]; then
         > "$OUT/warm-ft.out" 2>&1 &
     warm_pid=$!
 fi
-$PY -m sr_blockwise train --run gpu-base --stage base --lr "$LR" --warmup "$WARMUP" --head-frac 0.25 \
-    --max-minutes "$BASE_MIN" --seed 1 --preset "$PRESET" "${common[@]}" || rc=1
-if bring_back gpu-base; then  # (if not, still wait for the warm start below)
-    # what is left before the deadline, less a minute for start-up and bringing the weights back
-    ft_min=$($PY -c "print(max(0.0, min($FT_MIN, ($DEADLINE_S - $SECONDS - 60) / 60)))")
-    echo "== fine-tuning for ${ft_min} min (${SECONDS}s used)"
-    base_ck="$CACHE/gpu-base/best.pt"
-    [ -f "$base_ck" ] || base_ck="$CACHE/gpu-base/last.pt"
-    $PY -m sr_blockwise train --run gpu-ft --stage finetune --init-from "$base_ck" --lr 3e-4 \
-        --warmup 50 --head-frac 0.25 --head-weight 0.5 --max-minutes "$ft_min" --seed 2 --preset "$PRESET" "${common[@]}" || rc=1
-    bring_back gpu-ft || rc=1
+if [ "$SCRATCH" = 0 ]; then
+    echo "== no new model (SCRATCH=0)"
 else
-    rc=1
+    $PY -m sr_blockwise train --run gpu-base --stage base --lr "$LR" --warmup "$WARMUP" --head-frac 0.25 \
+        --max-minutes "$BASE_MIN" --seed 1 --preset "$PRESET" "${common[@]}" || rc=1
+    if bring_back gpu-base; then  # (if not, still wait for the warm start below)
+        # what is left before the deadline, less a minute for start-up and bringing the weights back
+        ft_min=$($PY -c "print(max(0.0, min($FT_MIN, ($DEADLINE_S - $SECONDS - 60) / 60)))")
+        echo "== fine-tuning for ${ft_min} min (${SECONDS}s used)"
+        base_ck="$CACHE/gpu-base/best.pt"
+        [ -f "$base_ck" ] || base_ck="$CACHE/gpu-base/last.pt"
+        $PY -m sr_blockwise train --run gpu-ft --stage finetune --init-from "$base_ck" --lr 3e-4 \
+            --warmup 50 --head-frac 0.25 --head-weight 0.5 --max-minutes "$ft_min" --seed 2 --preset "$PRESET" "${common[@]}" || rc=1
+        bring_back gpu-ft || rc=1
+    else
+        rc=1
+    fi
 fi
 if [ -n "$warm_pid" ]; then
     wait "$warm_pid" || { rc=1; echo "warm-ft failed"; }
