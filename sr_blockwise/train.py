@@ -115,7 +115,7 @@ class TrainingLoss(nn.Module):
         self.model, self.cfg = model, cfg
 
     def forward(self, src, tgt, gen: torch.Generator):
-        """Returns (p1 loss in nats/token, head loss, per-head losses list or None)."""
+        """Returns (p1 loss in nats/token, head loss, per-head losses (G,) tensor or None)."""
         m, cfg = self.model, self.cfg
         if cfg.stage == "heads":
             with torch.no_grad():
@@ -165,7 +165,7 @@ class TrainingLoss(nn.Module):
             ce = F.cross_entropy(logits.flatten(0, 2), target.flatten(), ignore_index=-100, reduction="none")
         per_head = ce.view_as(target).sum((0, 1)) / valid.sum((0, 1))
         head_loss = per_head.sum() if cfg.head_loss == "sum" else per_head[0] * G
-        return base_loss, head_loss, [float(x) for x in per_head.detach()]
+        return base_loss, head_loss, per_head.detach()
 
 
 @torch.no_grad()
@@ -377,7 +377,15 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     imgs_seen = 0
     bar = tqdm(total=cfg.max_steps if cfg.max_steps < 10**9 else None, initial=step,
                disable=not progress or rank != 0, unit="step", dynamic_ncols=True)
-    last = {}
+    last, losses = {}, None
+
+    def summary() -> dict:  # the latest step, for the log and the progress bar
+        elapsed = time.time() - t_start
+        return {"step": step, "minutes": elapsed / 60, "lr": lr_at(step, cfg),
+                "bpd_train": losses[0].item() / math.log(2), "head_loss": losses[1].item(),
+                "imgs_per_s": imgs_seen / elapsed,
+                "per_head": None if losses[2] is None else losses[2].tolist()}
+
     # on CUDA, deterministic mode swaps in slower kernels, and a short GPU run is never resumed
     restore_determinism = deterministic_algorithms() if cfg.device == "cpu" else (lambda: None)
     try:
@@ -386,8 +394,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             # data order is a pure function of (seed, epoch, step): resuming continues exactly
             perm = np.random.default_rng([cfg.seed, epoch]).permutation(n)
             idx = perm[(i * world + rank) * cfg.batch_size : (i * world + rank + 1) * cfg.batch_size]
-            src = torch.from_numpy(to_tokens(train_lr[idx])).to(cfg.device)
-            tgt = torch.from_numpy(to_tokens(train_imgs[idx])).to(cfg.device)
+            src, tgt = to_device(to_tokens(train_lr[idx]), cfg.device), to_device(to_tokens(train_imgs[idx]), cfg.device)
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step + 1, cfg) * g["lr_mult"]
@@ -405,15 +412,17 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             step += 1
             steps_this_run += 1
             imgs_seen += len(idx) * world
-            elapsed = time.time() - t_start
-            last = {"step": step, "minutes": elapsed / 60, "lr": lr_at(step, cfg),
-                    "bpd_train": base_loss.item() / math.log(2), "head_loss": head_loss.item(),
-                    "imgs_per_s": imgs_seen / elapsed, "per_head": per_head}
+            losses = base_loss.detach(), head_loss.detach(), per_head
             bar.update(1)
-            bar.set_postfix(bpd=f"{last['bpd_train']:.3f}", heads=f"{last['head_loss']:.2f}",
-                            ips=f"{last['imgs_per_s']:.2f}")
             now = time.time()
-            if rank == 0 and now - last_eval > cfg.eval_minutes * 60:
+            want_eval = rank == 0 and now - last_eval > cfg.eval_minutes * 60
+            # reading a loss waits for the device to finish the step: on a GPU, doing so every step
+            # would stop the CPU from queueing the next one while the GPU works
+            if step % 10 == 0 or want_eval:
+                last = summary()
+                bar.set_postfix(bpd=f"{last['bpd_train']:.3f}", heads=f"{last['head_loss']:.2f}",
+                                ips=f"{last['imgs_per_s']:.2f}")
+            if want_eval:
                 if len(val_imgs):
                     last["val_bpd"] = bits_per_dim(model, val_imgs, bf16=cfg.bf16, device=cfg.device)
                     if last["val_bpd"] < best:  # kept apart: a long run on few faces can overfit
@@ -424,7 +433,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
                     last["val_block"] = held_out_block(model, *held_out)
                     tqdm.write(f"step {step}: held-out exact block (k={model.cfg.n_blockwise}) {last['val_block']:.3f}")
                 last_eval = time.time()
-            if rank == 0 and (step % 10 == 0 or "val_bpd" in last or "val_block" in last):
+            if rank == 0 and (step % 10 == 0 or want_eval):
                 _append_log(log_path, last)
             if rank == 0 and now - last_ckpt > cfg.ckpt_minutes * 60:
                 save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
@@ -434,6 +443,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         signal.signal(signal.SIGINT, old_handlers[0])
         signal.signal(signal.SIGTERM, old_handlers[1])
         bar.close()
+        if losses is not None and last.get("step") != step:
+            last = summary()
         if rank == 0 and steps_this_run:
             save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
             if held_out is not None and "val_block" not in last:  # after the save: it cannot lose it
@@ -442,6 +453,13 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         if ddp:
             dist.destroy_process_group()
     return {"step": step, "run_dir": str(run_dir), **{k: v for k, v in last.items() if k != "per_head"}}
+
+
+def to_device(tokens: np.ndarray, device: str) -> torch.Tensor:
+    """A batch onto the training device. On CUDA through pinned memory, without blocking: a plain
+    copy from pageable memory waits until the GPU has finished every step queued before it."""
+    t = torch.from_numpy(tokens)
+    return t.pin_memory().to(device, non_blocking=True) if device.startswith("cuda") else t.to(device)
 
 
 def deterministic_algorithms():

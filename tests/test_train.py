@@ -51,6 +51,27 @@ def test_loss_falls_and_resume_continues_exactly(small_data, tmp_path, monkeypat
         train(cfg(small_data, "a", max_steps=20, batch_size=2), resume=True, progress=False)
 
 
+def test_losses_are_logged_every_10_steps_and_the_best_validated_checkpoint_kept(small_data, tmp_path, monkeypatch):
+    """Losses are read every 10 steps, not every step (each read waits for a GPU to finish), with
+    one log row each and none repeated; the result is of the last step. With validation at every
+    step, every step has its row and best.pt holds the best-scored one."""
+    import csv
+    monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
+    out = train(cfg(small_data, "a", max_steps=23), progress=False)
+    rows = list(csv.DictReader(open(tmp_path / "cache/a/log.csv")))
+    assert [int(r["step"]) for r in rows] == [10, 20]
+    assert out["step"] == 23 and np.isfinite(out["bpd_train"]) and load_checkpoint(tmp_path / "cache/a/last.pt")["step"] == 23
+    d = dict(np.load(small_data))
+    d["split"] = np.where(np.arange(len(d["split"])) < 4, 1, 0)  # 4 validation faces
+    np.savez(tmp_path / "with_val.npz", **d)
+    train(cfg(str(tmp_path / "with_val.npz"), "v", max_steps=5, eval_minutes=0, eval_images=4), progress=False)
+    rows = list(csv.DictReader(open(tmp_path / "cache/v/log.csv")))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5]
+    val = [float(r["val_bpd"]) for r in rows]
+    best = load_checkpoint(tmp_path / "cache/v/best.pt")
+    assert best["step"] == 1 + int(np.argmin(val)) and best["best_val_bpd"] == pytest.approx(min(val))
+
+
 def test_schedule_offset_continues_the_source_runs_schedule():
     """A warm start with --schedule-offset S reads the source run's curve at S + step (after a
     short ramp for the fresh optimizer), not a new warmup from zero."""
@@ -117,7 +138,7 @@ def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss, draft
         p, x = logits[0, valid, j].softmax(-1), tgt[0, t[valid]]
         near = (torch.arange(256)[None] - x[:, None]).abs() <= window  # (n, 256)
         want.append(float(-(p * near).sum(-1).log().mean()))
-    assert per_head == pytest.approx(want, rel=1e-5)
+    assert per_head.tolist() == pytest.approx(want, rel=1e-5)
     assert float(head_loss_value.detach()) == pytest.approx(sum(want) if head_loss == "sum" else want[0] * G, rel=1e-5)
 
 
