@@ -29,8 +29,9 @@ SCRATCH=${SCRATCH:-1}         # 0: no new model, only the warm start (a second, 
 # its warmup), about 5x what it ended at on the CPU, for a batch 8x larger
 WARM_FROM=${WARM_FROM-weights/cpu-finetuned.json}
 WARM_PRESET=${WARM_PRESET:-cpu}
-WARM_ARGS=${WARM_ARGS:---lr 1e-3 --warmup 500 --schedule-offset 10000}
+WARM_ARGS=${WARM_ARGS---lr 1e-3 --warmup 500 --schedule-offset 10000}  # split on spaces: no quotes inside
 OUT=${OUT:?set OUT to the folder that comes back}
+[ "$SCRATCH" = 0 ] && [ -z "$WARM_FROM" ] && { echo "SCRATCH=0 and no WARM_FROM: nothing to train" >&2; exit 2; }
 # a fresh checkpoint folder per run: a rerun on a still-warm machine must not find old runs
 CACHE=${SR_BLOCKWISE_CACHE:-$(mktemp -d /tmp/sr-blockwise.XXXX)}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SR_BLOCKWISE_CACHE="$CACHE"

@@ -22,6 +22,7 @@ written atomically; --resume continues. Runs under torchrun (DDP, gloo on CPU, n
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -128,7 +129,7 @@ class TrainingLoss(nn.Module):
             return base_loss, torch.zeros((), device=h.device), None
         hh = h.detach() if cfg.stage == "base" else h
         n_pos = max(1, int(SEQ_LEN * cfg.head_frac))
-        pos = torch.randperm(SEQ_LEN, generator=gen)[:n_pos].to(h.device)
+        pos = to_device(torch.randperm(SEQ_LEN, generator=gen)[:n_pos], h.device)
         hs = hh[:, pos]  # (B, P, d)
         off0 = 1 if m.cfg.head1 == "base" else 0  # group i predicts the token (i + off0) ahead
         gi = int(torch.randint(G, (1,), generator=gen)) if cfg.head_loss == "random" else G - 1
@@ -145,15 +146,18 @@ class TrainingLoss(nn.Module):
         # projection without training it
         W = m.lm_head.weight.detach() if cfg.stage == "base" else m.lm_head.weight
         logits = F.linear(z, W).float()  # (B, P, g, 256)
-        tpos = pos[:, None] + torch.tensor(groups, device=h.device) + off0  # (P, g) predicted positions
+        group_ids = to_device(torch.tensor(groups), h.device)
+        tpos = pos[:, None] + group_ids + off0  # (P, g) predicted positions
         if m.lr_prior is not None:  # the same prior p1 uses, at each head's own position
             prior = m.prior(src, tpos.expand(len(src), -1, -1))
             logits = logits + (prior.detach() if cfg.stage == "base" else prior)
         if m.cfg.nbr_prior:  # heads 2..K's own prior over offsets from decoded neighbours
-            j = torch.tensor(groups, device=h.device) + off0 + 1  # head number: 2..K
-            keep = j >= 2  # head1="layer": group 0 is p1, which has none
-            nbr = m.neighbour_prior(tgt, tpos[:, keep].expand(len(src), -1, -1), j[keep])
-            logits = logits + F.pad(nbr, (0, 0, int((~keep).sum()), 0))  # keep: a suffix of groups
+            # head1="layer": group 0 is p1, which has none; counted here, not on the device (a read
+            # from a GPU waits for it), and sliced off, as groups are in order
+            n_p1 = sum(g + off0 + 1 < 2 for g in groups)
+            j = group_ids[n_p1:] + off0 + 1  # head number: 2..K
+            nbr = m.neighbour_prior(tgt, tpos[:, n_p1:].expand(len(src), -1, -1), j)
+            logits = logits + F.pad(nbr, (0, 0, n_p1, 0))
         # every head's loss in one call (a call per head, slicing the logits, spent ~0.4 s of a
         # fine-tuning step filling the slices' gradients with zeros, profiled): the mean over
         # each head's valid targets
@@ -349,6 +353,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, best = ck["step"], ck.get("best_val_bpd", float("inf"))
+        if (run_dir / "best.pt").exists():  # last.pt may predate best.pt's score (a hard kill)
+            best = min(best, load_checkpoint(run_dir / "best.pt").get("best_val_bpd", best))
         if "torch_rng" in ck:
             torch.set_rng_state(ck["torch_rng"])
     loss_fn = TrainingLoss(model, cfg)
@@ -356,6 +362,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         loss_fn = torch.nn.parallel.DistributedDataParallel(loss_fn, find_unused_parameters=True)
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if ck is None:  # a fresh run: a best.pt left by an earlier run of this name is not its best
+        (run_dir / "best.pt").unlink(missing_ok=True)
     log_path = run_dir / "log.csv"
     if rank == 0:
         (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
@@ -443,23 +451,26 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         signal.signal(signal.SIGINT, old_handlers[0])
         signal.signal(signal.SIGTERM, old_handlers[1])
         bar.close()
-        if losses is not None and last.get("step") != step:
-            last = summary()
         if rank == 0 and steps_this_run:
             save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
-            if held_out is not None and "val_block" not in last:  # after the save: it cannot lose it
-                last["val_block"] = held_out_block(model, *held_out)  # every run ends with a score
-                _append_log(log_path, last)
+        if losses is not None and last.get("step") != step:
+            with contextlib.suppress(RuntimeError):  # after a device error: keep the first exception
+                last = summary()
+        # after the save, so that it cannot lose it: every heads run ends with a score
+        if rank == 0 and steps_this_run and held_out is not None and "val_block" not in last:
+            last["val_block"] = held_out_block(model, *held_out)
+            _append_log(log_path, last)
         if ddp:
             dist.destroy_process_group()
     return {"step": step, "run_dir": str(run_dir), **{k: v for k, v in last.items() if k != "per_head"}}
 
 
-def to_device(tokens: np.ndarray, device: str) -> torch.Tensor:
-    """A batch onto the training device. On CUDA through pinned memory, without blocking: a plain
-    copy from pageable memory waits until the GPU has finished every step queued before it."""
-    t = torch.from_numpy(tokens)
-    return t.pin_memory().to(device, non_blocking=True) if device.startswith("cuda") else t.to(device)
+def to_device(x: np.ndarray | torch.Tensor, device) -> torch.Tensor:
+    """A CPU array (a batch, sampled positions) onto the training device. On CUDA through pinned
+    memory, without blocking: a plain copy from pageable memory waits until the GPU has finished
+    every step queued before it."""
+    t = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+    return t.pin_memory().to(device, non_blocking=True) if str(device).startswith("cuda") else t.to(device)
 
 
 def deterministic_algorithms():

@@ -70,6 +70,15 @@ def test_losses_are_logged_every_10_steps_and_the_best_validated_checkpoint_kept
     val = [float(r["val_bpd"]) for r in rows]
     best = load_checkpoint(tmp_path / "cache/v/best.pt")
     assert best["step"] == 1 + int(np.argmin(val)) and best["best_val_bpd"] == pytest.approx(min(val))
+    # a resume measures against best.pt's score, which can be newer than last.pt's (a hard kill)
+    best["best_val_bpd"] = 0.5
+    torch.save(best, tmp_path / "cache/v/best.pt")
+    train(cfg(str(tmp_path / "with_val.npz"), "v", max_steps=7, eval_minutes=0, eval_images=4), resume=True, progress=False)
+    assert load_checkpoint(tmp_path / "cache/v/best.pt")["best_val_bpd"] == 0.5
+    # and a fresh run never brings back a best.pt of an earlier run of that name
+    (tmp_path / "cache/v/last.pt").unlink()
+    train(cfg(small_data, "v", max_steps=1), progress=False)  # no validation faces: no best.pt
+    assert not (tmp_path / "cache/v/best.pt").exists()
 
 
 def test_schedule_offset_continues_the_source_runs_schedule():
