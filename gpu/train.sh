@@ -41,10 +41,13 @@ exec > >(tee -a "$OUT/run.log") 2>&1
 echo "== $(date -u +%FT%TZ) device=$DEVICE preset=$PRESET batch=$BATCH lr=$LR warmup=$WARMUP base=${BASE_MIN}min ft<=${FT_MIN}min deadline=${DEADLINE_S}s"
 $PY gpu/pack.py unpack "$PACKED" "$CACHE/faces.npz" || exit 1
 
+best_ck() {  # run name -> its checkpoint of the best validation score (at most EVAL_MIN old), else its last
+    if [ -f "$CACHE/$1/best.pt" ]; then echo "$CACHE/$1/best.pt"; else echo "$CACHE/$1/last.pt"; fi
+}
+
 bring_back() {  # run name -> $OUT/NAME.pt (no optimizer state; matrices in bf16) + its log
-    # the checkpoint of the best validation score (at most EVAL_MIN old), else the last one
-    local ck="$CACHE/$1/best.pt"
-    [ -f "$ck" ] || ck="$CACHE/$1/last.pt"
+    local ck
+    ck=$(best_ck "$1")
     [ -f "$ck" ] || { echo "no checkpoint of $1 to bring back"; return 1; }
     $PY - "$ck" "$OUT/$1.pt" <<'EOF'
 import sys, torch
@@ -80,9 +83,7 @@ else
         # what is left before the deadline, less a minute for start-up and bringing the weights back
         ft_min=$($PY -c "print(max(0.0, min($FT_MIN, ($DEADLINE_S - $SECONDS - 60) / 60)))")
         echo "== fine-tuning for ${ft_min} min (${SECONDS}s used)"
-        base_ck="$CACHE/gpu-base/best.pt"
-        [ -f "$base_ck" ] || base_ck="$CACHE/gpu-base/last.pt"
-        $PY -m sr_blockwise train --run gpu-ft --stage finetune --init-from "$base_ck" --lr 3e-4 \
+        $PY -m sr_blockwise train --run gpu-ft --stage finetune --init-from "$(best_ck gpu-base)" --lr 3e-4 \
             --warmup 50 --head-frac 0.25 --head-weight 0.5 --max-minutes "$ft_min" --seed 2 --preset "$PRESET" "${common[@]}" || rc=1
         bring_back gpu-ft || rc=1
     else
