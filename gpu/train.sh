@@ -24,6 +24,9 @@ EVAL_MIN=${EVAL_MIN:-0.5}     # validation bits/dim (256 faces) this often: a se
 THREADS=${THREADS:-4}         # CPU threads a training process takes (16 cores there, two processes)
 PACKED=${PACKED:-.gpu/faces}
 SCRATCH=${SCRATCH:-1}         # 0: no new model, only the warm start (a second, shorter call)
+PROFILE=${PROFILE:-}          # batch sizes (e.g. 128,256,512): first, where a training step's time
+                              # goes (gpu/profile_step.py, ~1 min; it comes out of the deadline)
+PROFILE_STEPS=${PROFILE_STEPS:-10}  # timed steps per batch size
 # beside it, on the same GPU: the shipped weights fine-tuned on the same faces, a safer bet than a
 # new model trained from scratch in minutes ("" leaves it out); its lr is ~constant (Noam far past
 # its warmup), about 5x what it ended at on the CPU, for a batch 8x larger
@@ -65,6 +68,16 @@ common=(--threads "$THREADS" --data "$CACHE/faces.npz" --device "$DEVICE" --batc
         --max-steps "$MAX_STEPS" --ckpt-minutes 1 --eval-minutes "$EVAL_MIN" --eval-images 256 --quiet)
 rc=0
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
+if [ -n "$PROFILE" ]; then
+    presets=()
+    [ -n "$WARM_FROM" ] && presets+=("$WARM_PRESET")
+    [ "$SCRATCH" = 0 ] || [ "$PRESET" = "$WARM_PRESET" -a -n "$WARM_FROM" ] || presets+=("$PRESET")
+    for p in "${presets[@]}"; do
+        $PY gpu/profile_step.py --preset "$p" --batches "$PROFILE" --steps "$PROFILE_STEPS" --profile-steps 3 --device "$DEVICE" > "$OUT/profile-$p.txt" 2>&1 \
+            || echo "profiling $p failed (see profile-$p.txt); training goes on"
+        grep -E '^(\||==|device busy)' "$OUT/profile-$p.txt"
+    done
+fi
 warm_pid=
 if [ -n "$WARM_FROM" ]; then
     warm_min=$($PY -c "print(max(0.0, ($DEADLINE_S - $SECONDS - 60) / 60))")

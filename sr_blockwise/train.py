@@ -286,6 +286,42 @@ def init_lr_prior(model: ImageTransformerSR, images32: np.ndarray, lr8: np.ndarr
     model.lr_prior.copy_(torch.from_numpy(scale * logp))
 
 
+def make_optimizer(model: ImageTransformerSR, cfg: TrainConfig) -> tuple[torch.optim.AdamW, tuple[list, list]]:
+    """AdamW over the trainable parameters, and the two parts their gradients are clipped in
+    apart (base, heads). The neighbour prior's tables take a larger step: they start at zero and
+    must grow to log-probability size (a few nats), which at the network's rate would take
+    thousands of steps."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    head_params = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith("heads.")]
+    base_params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("heads.")]
+    tables = [p for n, p in model.named_parameters() if p.requires_grad and n == "heads.nbr_prior"]
+    groups = [{"params": [p for p in params if all(p is not t for t in tables)], "lr_mult": 1.0}]
+    if tables:
+        groups.append({"params": tables, "lr_mult": TABLE_LR_MULT})
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=cfg.weight_decay)
+    return opt, (base_params, head_params)
+
+
+def train_step(loss_fn: nn.Module, opt: torch.optim.Optimizer, clip_parts: tuple[list, list], src: torch.Tensor,
+               tgt: torch.Tensor, gen: torch.Generator, step: int, cfg: TrainConfig) -> tuple:
+    """One optimizer step at `step` (0-based); returns the detached (p1 loss, head loss,
+    per-head losses), still on the device: reading them waits for it."""
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step + 1, cfg) * g["lr_mult"]
+    with torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16):
+        base_loss, head_loss, per_head = loss_fn(src, tgt, gen)
+    w_base = 0.0 if cfg.stage == "heads" else 1.0
+    loss = w_base * base_loss + cfg.head_weight * head_loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    # clipped apart, so that a large head gradient cannot shrink the base's step
+    for part in clip_parts:
+        if part:
+            torch.nn.utils.clip_grad_norm_(part, 1.0)
+    opt.step()
+    return base_loss.detach(), head_loss.detach(), per_head
+
+
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
     ddp = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
     rank, world = 0, 1
@@ -337,16 +373,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     if cfg.stage == "heads":
         for name, p in model.named_parameters():
             p.requires_grad = name.startswith("heads.")
-    params = [p for p in model.parameters() if p.requires_grad]
-    head_params = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith("heads.")]
-    base_params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("heads.")]
-    # the neighbour prior's tables take a larger step: they start at zero and must grow to
-    # log-probability size (a few nats), which at the network's rate would take thousands of steps
-    tables = [p for n, p in model.named_parameters() if p.requires_grad and n == "heads.nbr_prior"]
-    groups = [{"params": [p for p in params if all(p is not t for t in tables)], "lr_mult": 1.0}]
-    if tables:
-        groups.append({"params": tables, "lr_mult": TABLE_LR_MULT})
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=cfg.weight_decay)
+    opt, clip_parts = make_optimizer(model, cfg)
     step, best = 0, float("inf")
     if ck is not None:
         _check_resumable(ck["train_config"], cfg, ckpt_path)
@@ -404,23 +431,10 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             idx = perm[(i * world + rank) * cfg.batch_size : (i * world + rank + 1) * cfg.batch_size]
             src, tgt = to_device(to_tokens(train_lr[idx]), cfg.device), to_device(to_tokens(train_imgs[idx]), cfg.device)
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step + 1, cfg) * g["lr_mult"]
-            with torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16):
-                base_loss, head_loss, per_head = loss_fn(src, tgt, gen)
-            w_base = 0.0 if cfg.stage == "heads" else 1.0
-            loss = w_base * base_loss + cfg.head_weight * head_loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            # clipped apart, so that a large head gradient cannot shrink the base's step
-            for group in (base_params, head_params):
-                if group:
-                    torch.nn.utils.clip_grad_norm_(group, 1.0)
-            opt.step()
+            losses = train_step(loss_fn, opt, clip_parts, src, tgt, gen, step, cfg)
             step += 1
             steps_this_run += 1
             imgs_seen += len(idx) * world
-            losses = base_loss.detach(), head_loss.detach(), per_head
             bar.update(1)
             now = time.time()
             want_eval = rank == 0 and now - last_eval > cfg.eval_minutes * 60

@@ -94,7 +94,8 @@ def test_gpu_script_dry_run_on_cpu(small_npz, tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), SR_BLOCKWISE_CACHE=str(tmp_path / "cache"), PY=sys.executable,
                DEVICE="cpu", PRESET="tiny", BATCH="2", MAX_STEPS="2", EVAL_MIN="0", PACKED=str(packed),
-               OMP_NUM_THREADS="1", THREADS="1", WARM_FROM=str(tmp_path / "warm.pt"), WARM_PRESET="tiny")
+               OMP_NUM_THREADS="1", THREADS="1", WARM_FROM=str(tmp_path / "warm.pt"), WARM_PRESET="tiny",
+               PROFILE="2", PROFILE_STEPS="1")
     r = subprocess.run([str(ROOT / "gpu" / "train.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for run in ("gpu-base", "gpu-ft", "warm-ft"):
@@ -105,6 +106,10 @@ def test_gpu_script_dry_run_on_cpu(small_npz, tmp_path):
         load_model(out / f"{run}.pt")
         assert "val_bpd" in (out / f"{run}-log.csv").read_text()
     assert "done" in (out / "run.log").read_text()
+    # profiled first, once for the one preset both runs use: a row of images/s and the operators
+    profile = (out / "profile-tiny.txt").read_text()
+    assert "| 2 | " in profile and "== profiler, batch 2" in profile and "aten::" in profile
+    assert not (out / "profile-cpu.txt").exists()
     # the warm start trained the given weights, not fresh ones
     w_ft = torch.load(out / "warm-ft.pt", map_location="cpu", weights_only=True)["model"]
     name = "decoder.0.ff.up.weight"
