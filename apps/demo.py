@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from sr_blockwise.data import DEFAULT_DATA, BadImage, bicubic_upscale, from_tokens, image_to_input, open_rgb
+from sr_blockwise.data import (DEFAULT_DATA, BadImage, bicubic_upscale, from_tokens, image_to_input,
+                               match_input, open_rgb)
 
 GREEDY_CALLS = 3072  # = sr_blockwise.model.SEQ_LEN (greedy: one call per intensity); not imported: it loads torch
 CROPS = ("centre square", "detect face")
@@ -318,6 +319,10 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                             info="accept a proposal within eps intensity levels of the model's own choice")
             with_greedy = gr.Checkbox(False, label="also run greedy",
                                       info="3,072 model calls: slow, but measures the wall-clock speedup")
+            match = gr.Checkbox(True, label="match the 8x8 input", elem_id="match",
+                                info="shift each 4x4 block's colour so that it averages to its input pixel "
+                                     "(back-projection): fixes colour drift and collapsed patches; "
+                                     "off: the decoder's own output")
         go = gr.Button("Upscale", variant="primary", elem_id="go")
         status = gr.Markdown(elem_id="status")
         with gr.Row(equal_height=False):
@@ -339,12 +344,12 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         all_outputs = [lr_img, real_img, note, bicubic_img, status,
                        *[c for m in outs for c in outs[m]], stats_json]
 
-        def upscale(path, crop_how, k_val, eps_val, greedy_too):
+        def upscale(path, crop_how, k_val, eps_val, greedy_too, match_8x8=True):
             p = user_input(path, crop_how)
             k_val, eps_val = int(k_val), int(eps_val)
             modes = ["exact", "approx"] + (["greedy"] if greedy_too else [])
-            stats = {"weights": weights_name, "input": p.info}
-            images = {}
+            stats = {"weights": weights_name, "input": p.info, "match_input": bool(match_8x8)}
+            images = {}  # the decoder's own outputs (compared across modes), before any matching
             blank = np.full((32, 32, 3), FILL, np.uint8)
             view = {lr_img: p.lr, real_img: p.face, note: p.note, bicubic_img: bicubic_upscale(p.lr),
                     status: "", stats_json: None}
@@ -365,7 +370,8 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                             continue
                         images[mode] = item.images[0]
                         stats[mode] = result_stats(mode, opts, item)
-                        view.update({img: item.images[0],
+                        shown = match_input(item.images[0], p.lr) if match_8x8 else item.images[0]
+                        view.update({img: shown,
                                      bmap: block_map_image(item.block_map[0], GREEDY_CALLS, opts.k),
                                      md: final_markdown(mode, opts, stats[mode])})
                         yield {img: view[img], bmap: view[bmap], md: view[md]}
@@ -399,7 +405,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                            api_visibility="private", queue=False)
         # one decode at a time, first come first served (the queue is bounded in launch): on a
         # few CPU cores parallel decodes would only slow each other down
-        go.click(upscale, [photo, crop, k, eps, with_greedy], all_outputs, api_name="upscale",
+        go.click(upscale, [photo, crop, k, eps, with_greedy, match], all_outputs, api_name="upscale",
                  concurrency_limit=1, concurrency_id="decode", show_progress="full",
                  show_progress_on=[status])
     demo.example_dir = example_dir

@@ -87,6 +87,26 @@ def downsample_8(img32: np.ndarray) -> np.ndarray:
     return ((s + 8) // 16).astype(np.uint8)
 
 
+def match_input(img32: np.ndarray, lr8: np.ndarray) -> np.ndarray:
+    """Back-projection: shift each 4x4 block of (..., 32, 32, 3) uint8 outputs, per channel, so
+    that its mean is the 8x8 input's cell again (downsample_8's constraint), and round. Pixels stop
+    at 0 and 255, so the shift s solves mean(clip(block + s)) = cell, by bisection (the limit of
+    the usual repeated back-projection). A decode that collapsed into a flat wrong colour (a red
+    patch over a dark cell) becomes the cell's own colour; elsewhere the texture stays and only its
+    colour moves. Measured on greedy outputs of the first 96 held-out faces: ST-LPIPS -0.021 and
+    PSNR +0.53 dB, better on 96 of 96 faces (results/match_input.py); 1.6 ms an image."""
+    x = np.asarray(img32, dtype=np.float64)
+    blocks = x.reshape(*x.shape[:-3], 8, 4, 8, 4, 3)
+    target = np.asarray(lr8, dtype=np.float64)[..., :, None, :, None, :]
+    lo, hi = np.full_like(target, -255.0), np.full_like(target, 255.0)
+    for _ in range(40):  # the mean is monotone in s: 510 / 2**40 levels at the end
+        mid = (lo + hi) / 2
+        low = np.clip(blocks + mid, 0, 255).mean(axis=(-4, -2), keepdims=True) < target
+        lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
+    out = np.clip(blocks + (lo + hi) / 2, 0, 255).reshape(x.shape)
+    return np.round(out).astype(np.uint8)
+
+
 def image_to_input(img: Image.Image) -> tuple[np.ndarray, np.ndarray | None]:
     """The one function every front end uses: a photo -> (8x8x3 input, 32x32 face or None).
     An 8x8 image is used as is; a 32x32 one is taken as the face; larger ones are cropped."""

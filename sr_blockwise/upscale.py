@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from PIL import Image
 
-from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, image_to_input, open_rgb
+from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, image_to_input, match_input, open_rgb
 from .metrics import PSNR_SETTINGS, SSIM_SETTINGS, psnr, ssim
 
 SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
@@ -40,7 +40,7 @@ SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
     "webp": ("WEBP", {"lossless": True}),
 }
 METRIC_FIELDS = ["input", "output", "status", "reason", "mode", "k", "eps", "temperature", "seed",
-                 "batch_size", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
+                 "batch_size", "match_input", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
                  "psnr_bicubic", "ssim_bicubic"]
 # Pillow registers some formats it can only identify, not decode (or that need ghostscript)
 _NOT_DECODABLE = {".bufr", ".grib", ".h5", ".hdf", ".mpeg", ".mpg", ".eps", ".ps"}
@@ -84,6 +84,7 @@ class Config:
     ground_truth: str | None = None
     shard: str | None = None  # "I/N" or "auto" (torchrun's RANK/WORLD_SIZE)
     measure_greedy: bool = False
+    match_input: bool = True  # back-project each output onto its 8x8 input (data.match_input)
     dry_run: bool = False
     quiet: bool = False
 
@@ -508,10 +509,11 @@ def run(cfg: Config) -> int:
     s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
     settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
                 "temperature": opts.temperature or None, "seed": cfg.seed if opts.temperature else None,
-                "batch_size": cfg.batch_size, "device": device, "dtype": cfg.dtype, "shard": f"{i}/{n}",
+                "batch_size": cfg.batch_size, "match_input": cfg.match_input, "device": device, "dtype": cfg.dtype, "shard": f"{i}/{n}",
                 "ssim": dict(SSIM_SETTINGS), "psnr": dict(PSNR_SETTINGS)}
     metrics = Metrics(mpath, settings, cfg.skip_existing)
-    base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size")}
+    base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size",
+                                          "match_input")}
     for j in done_before:
         metrics.add({"input": str(j.src), "output": str(j.out), "status": "skipped"})
 
@@ -565,6 +567,8 @@ def run(cfg: Config) -> int:
                     continue
                 if cfg.measure_greedy and s.greedy_check is None and opts.k > 1:  # two more decodes
                     s.greedy_check = _greedy_check(model, lrs, images, opts)
+                if cfg.match_input:  # after the greedy check, which compares the decoder's own outputs
+                    images = match_input(images, lrs)
                 for j, lr, img, st in zip(bjobs, lrs, images, stats):
                     row = {"input": str(j.src), "output": str(j.out), "status": "done", **base_row,
                            "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}

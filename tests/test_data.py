@@ -7,7 +7,7 @@ from PIL import Image
 
 from sr_blockwise.cli import main
 from sr_blockwise.data import (BadImage, check_input, downsample_8, from_tokens, image_to_input,
-                               load_faces, open_rgb, photo_to_32, to_tokens)
+                               load_faces, match_input, open_rgb, photo_to_32, to_tokens)
 
 
 def test_downsample_is_the_4x4_box_average():
@@ -15,6 +15,34 @@ def test_downsample_is_the_4x4_box_average():
     lr = downsample_8(img)
     assert lr.shape == (8, 8, 3)
     assert lr[2, 5, 1] == round(img[8:12, 20:24, 1].astype(float).mean() + 1e-9)
+
+
+def test_match_input_restores_the_input_and_keeps_what_already_matches():
+    rng = np.random.default_rng(2)
+    real = rng.integers(50, 206, (3, 32, 32, 3), dtype=np.uint8)
+    lr = downsample_8(real)
+    # an output whose colours drifted, and one cell collapsed into saturated red
+    out = np.clip(real.astype(int) + rng.integers(-40, 41, (3, 1, 1, 3)), 0, 255).astype(np.uint8)
+    out[1, 12:16, 4:8] = (255, 0, 0)
+    fixed = match_input(out, lr)
+    assert fixed.shape == out.shape and fixed.dtype == np.uint8
+    # its 4x4 means are the input's again (to a level: rounding), so downsampling gives the input back
+    assert np.abs(downsample_8(fixed).astype(int) - lr).max() <= 1
+    assert np.abs(downsample_8(out).astype(int) - lr).max() > 20
+    # the collapsed cell becomes the input's colour, flat
+    np.testing.assert_array_equal(fixed[1, 12:16, 4:8], np.broadcast_to(lr[1, 3, 1], (4, 4, 3)))
+    # elsewhere the texture stays: where no clipping at 0 / 255 was needed, a 4x4 block of a
+    # channel moved by one shift (to a level: rounding)
+    def blocks(x):
+        return x.astype(int).reshape(3, 8, 4, 8, 4, 3).transpose(0, 1, 3, 5, 2, 4).reshape(3, 8, 8, 3, 16)
+    shift, o, f = blocks(fixed) - blocks(out), blocks(out), blocks(fixed)
+    free = ((o > 0) & (o < 255) & (f > 0) & (f < 255)).all(-1)
+    assert free.mean() > 0.9 and (np.ptp(shift, -1)[free] <= 1).all()
+    # an image that already matches its input moves by at most a level (lr8 is rounded), also
+    # one with black and white in it
+    assert np.abs(match_input(real, lr).astype(int) - real).max() <= 1
+    full = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    assert np.abs(match_input(full, downsample_8(full)).astype(int) - full).max() <= 1
 
 
 def test_tokens_roundtrip_in_raster_order():

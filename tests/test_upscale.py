@@ -224,3 +224,26 @@ def test_same_output_alone_or_in_a_batch_of_32(tmp_path, fast, rng):
     for n in names:
         alone = np.asarray(Image.open(tmp_path / "alone" / n))
         assert (alone == np.asarray(Image.open(tmp_path / "batch" / n))).all(), n
+
+
+def test_match_input_back_projects_each_output_onto_its_input(tmp_path, fast, rng):
+    """--match-input (the default): the saved face is data.match_input of the decoder's own output
+    (--no-match-input), so its 4x4 means are the 8x8 input again; the metrics say which it was."""
+    from sr_blockwise.data import downsample_8, match_input
+    src = tmp_path / "in"
+    inputs = {f"f{i}.png": tiny8(rng) for i in range(3)}
+    for name, lr in inputs.items():
+        save(src / name, lr)
+    assert main([str(src), "-o", str(tmp_path / "plain"), "--no-match-input", "--quiet",
+                 "--metrics", str(tmp_path / "p.json")] + fast) == 0
+    assert main([str(src), "-o", str(tmp_path / "matched"), "--quiet",
+                 "--metrics", str(tmp_path / "m.json")] + fast) == 0
+    for name, lr in inputs.items():
+        plain = np.asarray(Image.open(tmp_path / "plain" / name))
+        matched = np.asarray(Image.open(tmp_path / "matched" / name))
+        np.testing.assert_array_equal(matched, match_input(plain, lr))
+        assert np.abs(downsample_8(matched).astype(int) - lr).max() <= 1
+        assert np.abs(downsample_8(plain).astype(int) - lr).max() > 1  # a random model does not match it
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["settings"]["match_input"] is True and all(r["match_input"] is True for r in doc["images"])
+    assert json.loads((tmp_path / "p.json").read_text())["settings"]["match_input"] is False
