@@ -31,6 +31,6 @@ for mode in ("greedy", "approx"):
         d = res["matched"][k] - res["plain"][k]
         print(f"{mode:7s} {k:8s} matched - plain: mean {d.mean():+.4f}, std err {d.std(ddof=1) / np.sqrt(len(d)):.4f}, "
               f"matched better on {int((d < 0).sum() if k == 'stlpips' else (d > 0).sum())}/{len(d)} faces")
-    print(f"{mode:7s} match_input: {ms:.2f} ms per image; bicubic-free check: the 8x8 of the plain output is "
+    print(f"{mode:7s} match_input: {ms:.2f} ms per image; consistency check: the 8x8 of the plain output is "
           f"{np.abs(downsample_8(out).astype(int) - lr).mean():.2f} levels off the input on average, "
           f"of the matched one {np.abs(downsample_8(matched).astype(int) - lr).mean():.2f}", flush=True)
