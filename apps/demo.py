@@ -349,7 +349,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
             k_val, eps_val = int(k_val), int(eps_val)
             modes = ["exact", "approx"] + (["greedy"] if greedy_too else [])
             stats = {"weights": weights_name, "input": p.info, "match_input": bool(match_8x8)}
-            images = {}  # the decoder's own outputs (compared across modes), before any matching
+            images = {}  # as shown (matched or not): the stats compare what the page shows
             blank = np.full((32, 32, 3), FILL, np.uint8)
             view = {lr_img: p.lr, real_img: p.face, note: p.note, bicubic_img: bicubic_upscale(p.lr),
                     status: "", stats_json: None}
@@ -368,9 +368,9 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                                    bmap: block_map_image(item.block_map, item.done, opts.k),
                                    md: running_markdown(mode, opts, item)}
                             continue
-                        images[mode] = item.images[0]
                         stats[mode] = result_stats(mode, opts, item)
                         shown = match_input(item.images[0], p.lr) if match_8x8 else item.images[0]
+                        images[mode] = shown
                         view.update({img: shown,
                                      bmap: block_map_image(item.block_map[0], GREEDY_CALLS, opts.k),
                                      md: final_markdown(mode, opts, stats[mode])})

@@ -68,39 +68,44 @@ def main() -> None:
     print(f"== {a.preset} preset ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters), "
           f"fine-tuning step, bf16 autocast, {name}, torch {torch.__version__}")
     print("| batch | images/s | images/s, drained every step | peak memory (GB) |\n|---|---|---|---|")
+    rate = {}
     for b in batches:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         try:
-            fast = images_per_s(loss_fn, opt, clip_parts, cfg, b, a.steps, drain=False)
+            rate[b] = images_per_s(loss_fn, opt, clip_parts, cfg, b, a.steps, drain=False)
             drained = images_per_s(loss_fn, opt, clip_parts, cfg, b, a.steps, drain=True) if cuda else float("nan")
         except torch.OutOfMemoryError:
             print(f"| {b} | out of memory | | |")
             break
         mem = torch.cuda.max_memory_allocated() / 1e9 if cuda else float("nan")
-        print(f"| {b} | {fast:.0f} | {drained:.0f} | {mem:.1f} |", flush=True)
+        print(f"| {b} | {rate[b]:.0f} | {drained:.0f} | {mem:.1f} |", flush=True)
+    if not rate:
+        return
 
-    from torch.profiler import ProfilerActivity, profile
-    b = batches[0]
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, schedule
+    b = next(iter(rate))  # the first batch size that fit
     src = torch.randint(VOCAB, (b, 192), device=a.device)
     tgt = torch.randint(VOCAB, (b, SEQ_LEN), device=a.device)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sync(a.device)
-    t = time.perf_counter()
-    with profile(activities=acts) as prof:
-        for s in range(a.profile_steps):
+    # the first step is a warm-up the tables leave out; a step's own time is the unprofiled one
+    with profile(activities=acts, schedule=schedule(wait=0, warmup=1, active=a.profile_steps, repeat=1)) as prof:
+        for s in range(1 + a.profile_steps):
             train_step(loss_fn, opt, clip_parts, src, tgt, torch.Generator().manual_seed(s), s, cfg)
-        sync(a.device)
-    wall = time.perf_counter() - t
+            sync(a.device)
+            prof.step()
     ev = prof.key_averages()
-    print(f"\n== profiler, batch {b}, {a.profile_steps} steps, {wall / a.profile_steps * 1e3:.1f} ms a step (profiled)")
+    step_ms = b / rate[b] * 1e3
+    print(f"\n== profiler, batch {b}, {a.profile_steps} steps; an unprofiled step takes {step_ms:.1f} ms")
     if cuda:
-        busy = sum(e.self_device_time_total for e in ev) / 1e6  # microseconds -> s
-        print(f"device busy {busy / wall:.0%} of the wall time; device events a step (mostly kernels): "
-              f"{sum(e.count for e in ev if e.self_device_time_total > 0) // a.profile_steps}")
+        # a kernel's time is on its own row and again on the operator that launched it: count kernels only
+        kernels = [e for e in ev if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+        busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / a.profile_steps
+        print(f"device busy {busy_ms:.1f} ms a step, {busy_ms / step_ms:.0%} of an unprofiled step; "
+              f"kernels a step: {sum(e.count for e in kernels) // a.profile_steps}")
         print(ev.table(sort_by="self_device_time_total", row_limit=a.rows))
     print(ev.table(sort_by="self_cpu_time_total", row_limit=a.rows))
-
 
 if __name__ == "__main__":
     main()

@@ -25,7 +25,7 @@ THREADS=${THREADS:-4}         # CPU threads a training process takes (16 cores t
 PACKED=${PACKED:-.gpu/faces}
 SCRATCH=${SCRATCH:-1}         # 0: no new model, only the warm start (a second, shorter call)
 PROFILE=${PROFILE:-}          # batch sizes (e.g. 128,256,512): first, where a training step's time
-                              # goes (gpu/profile_step.py, ~1 min; it comes out of the deadline)
+                              # goes (gpu/profile_step.py, about a minute a preset; it comes out of the deadline)
 PROFILE_STEPS=${PROFILE_STEPS:-10}  # timed steps per batch size
 # beside it, on the same GPU: the shipped weights fine-tuned on the same faces, a safer bet than a
 # new model trained from scratch in minutes ("" leaves it out); its lr is ~constant (Noam far past

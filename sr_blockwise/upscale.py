@@ -516,6 +516,15 @@ def run(cfg: Config) -> int:
                                           "match_input")}
     for j in done_before:
         metrics.add({"input": str(j.src), "output": str(j.out), "status": "skipped"})
+    # a resumed run that matches differently would leave its outputs unlike each other: say so
+    # (rows of runs before match_input existed have no field: those outputs were not matched)
+    unlike = [j for j in done_before if str(j.src) in metrics.previous
+              and str(metrics.previous[str(j.src)].get("match_input") or False).lower() != str(cfg.match_input).lower()]
+    if unlike:
+        print(f"warning: {len(unlike)} outputs kept by --skip-existing were saved "
+              f"{'without' if cfg.match_input else 'with'} --match-input (e.g. {unlike[0].out}); the new ones "
+              f"are {'' if cfg.match_input else 'not '}matched. Rerun those without --skip-existing, or pass "
+              f"--{'no-' if cfg.match_input else ''}match-input, to keep them alike", file=sys.stderr)
 
     bar = tqdm(total=len(todo), unit="img", desc="upscale" + (f" {i}/{n}" if n > 1 else ""),
                disable=cfg.quiet, dynamic_ncols=True, smoothing=0.1)

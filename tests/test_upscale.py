@@ -226,7 +226,7 @@ def test_same_output_alone_or_in_a_batch_of_32(tmp_path, fast, rng):
         assert (alone == np.asarray(Image.open(tmp_path / "batch" / n))).all(), n
 
 
-def test_match_input_back_projects_each_output_onto_its_input(tmp_path, fast, rng):
+def test_match_input_back_projects_each_output_onto_its_input(tmp_path, fast, rng, capsys):
     """--match-input (the default): the saved face is data.match_input of the decoder's own output
     (--no-match-input), so its 4x4 means are the 8x8 input again; the metrics say which it was."""
     from sr_blockwise.data import downsample_8, match_input
@@ -247,3 +247,8 @@ def test_match_input_back_projects_each_output_onto_its_input(tmp_path, fast, rn
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc["settings"]["match_input"] is True and all(r["match_input"] is True for r in doc["images"])
     assert json.loads((tmp_path / "p.json").read_text())["settings"]["match_input"] is False
+    # resuming the unmatched run with matching on keeps its outputs, and warns that they differ in kind
+    capsys.readouterr()
+    assert main([str(src), "-o", str(tmp_path / "plain"), "--skip-existing", "--metrics", str(tmp_path / "p.json")]
+                + fast) == 0
+    assert "3 outputs kept by --skip-existing were saved without --match-input" in capsys.readouterr().err
