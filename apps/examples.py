@@ -45,11 +45,17 @@ def builtin_examples() -> list[Example]:
     out = [Example("astronaut.png", "astronaut (skimage)", astro),
            Example("cameraman.png", "cameraman (skimage, greyscale)", camera),
            Example("astronaut-8x8.png", "an 8x8 input, used as is", Image.fromarray(lr))]
-    lfw = skimage.data.lfw_subset()  # (200, 25, 25) floats in 0..1
-    for i in LFW_FACES:
-        grey = Image.fromarray(np.round(lfw[i] * 255).astype(np.uint8))  # 2-D: mode L
+    for i, grey in zip(LFW_FACES, lfw_faces(LFW_FACES)):
         out.append(Example(f"lfw-{i}.png", f"LFW face {i} (25x25 grey)", grey))
     return out
+
+
+def lfw_faces(indices) -> list[Image.Image]:
+    """skimage.data.lfw_subset() faces at these indices, as 25x25 greyscale (mode L) images."""
+    import skimage.data
+
+    lfw = skimage.data.lfw_subset()  # (200, 25, 25) floats in 0..1
+    return [Image.fromarray(np.round(lfw[i] * 255).astype(np.uint8)) for i in indices]
 
 
 def celeba_examples(path: str | Path | None = None, n: int = 8) -> list[Example]:

@@ -6,31 +6,64 @@
 # --names shipped,s20 (results/s20-ft-32/paired.log); session 21: --old (session 20's)
 # weights/cpu-finetuned.json --new results/s21-export/cpu-finetuned.json --names shipped,s21
 # (results/s21-gpu-32/paired.log). 14 min at N=96. Earlier weights: git history (git show).
+# results/match_input.py imports its helpers (the same decodes, scores and differences).
 import argparse, numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import load_faces, downsample_8
 from sr_blockwise.decoding import decode, options_for
 from sr_blockwise.metrics import Perceptual, psnr, ssim
-p = argparse.ArgumentParser()
-p.add_argument("n", type=int)
-p.add_argument("--old", default="weights/cpu-finetuned.json")
-p.add_argument("--new", required=True)
-p.add_argument("--names", default="old,new")
-a = p.parse_args()
-torch.set_num_threads(2)
-test = load_faces(part="test").images[:a.n]
-lr = downsample_8(test)
-per = Perceptual("auto")
-old, new = a.names.split(",")
-res = {}
-for name, path in {old: a.old, new: a.new}.items():
-    m = load_model(path)
-    for mode in ("greedy", "approx"):
-        out = np.concatenate([decode(m, lr[i:i + 32], options_for(mode, 6, 2)).images for i in range(0, a.n, 32)])
-        res[name, mode] = {"stlpips": per(test, out), "ssim": ssim(test, out), "psnr": psnr(test, out)}
-        print(name, mode, {k: round(float(v.mean()), 4) for k, v in res[name, mode].items()}, flush=True)
-for mode in ("greedy", "approx"):
+
+MODES = ("greedy", "approx")  # approx: eps=2, k=6
+
+
+def first_test_faces(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first n held-out test faces and their 8x8 inputs."""
+    test = load_faces(part="test").images[:n]
+    return test, downsample_8(test)
+
+
+def decode_all(model, lr: np.ndarray, mode: str) -> np.ndarray:
+    """greedy, or eps=2 at k=6 (approx), in batches of 32."""
+    return np.concatenate([decode(model, lr[i:i + 32], options_for(mode, 6, 2)).images for i in range(0, len(lr), 32)])
+
+
+def scores(per, real: np.ndarray, out: np.ndarray) -> dict:
+    """Per-face ST-LPIPS, SSIM and PSNR against the real faces."""
+    return {"stlpips": per(real, out), "ssim": ssim(real, out), "psnr": psnr(real, out)}
+
+
+def show(label: str, res: dict) -> None:
+    print(label, {k: round(float(v.mean()), 4) for k, v in res.items()}, flush=True)
+
+
+def print_differences(mode: str, new: dict, old: dict, new_name: str, old_name: str) -> None:
+    """Each measure's mean difference NEW - OLD, its standard error, and on how many faces NEW is better."""
     for k in ("stlpips", "ssim", "psnr"):
-        d = res[new, mode][k] - res[old, mode][k]
-        print(f"{mode:7s} {k:8s} {new} - {old}: mean {d.mean():+.4f}, std err {d.std(ddof=1) / np.sqrt(len(d)):.4f}, "
-              f"{new} better on {int((d < 0).sum() if k == 'stlpips' else (d > 0).sum())}/{len(d)} faces")
+        d = new[k] - old[k]
+        print(f"{mode:7s} {k:8s} {new_name} - {old_name}: mean {d.mean():+.4f}, std err {d.std(ddof=1) / np.sqrt(len(d)):.4f}, "
+              f"{new_name} better on {int((d < 0).sum() if k == 'stlpips' else (d > 0).sum())}/{len(d)} faces")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("n", type=int)
+    p.add_argument("--old", default="weights/cpu-finetuned.json")
+    p.add_argument("--new", required=True)
+    p.add_argument("--names", default="old,new")
+    a = p.parse_args()
+    torch.set_num_threads(2)
+    test, lr = first_test_faces(a.n)
+    per = Perceptual("auto")
+    old, new = a.names.split(",")
+    res = {}
+    for name, path in {old: a.old, new: a.new}.items():
+        m = load_model(path)
+        for mode in MODES:
+            res[name, mode] = scores(per, test, decode_all(m, lr, mode))
+            show(f"{name} {mode}", res[name, mode])
+    for mode in MODES:
+        print_differences(mode, res[new, mode], res[old, mode], new, old)
+
+
+if __name__ == "__main__":
+    main()

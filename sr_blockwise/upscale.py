@@ -516,10 +516,11 @@ def run(cfg: Config) -> int:
                                           "match_input")}
     for j in done_before:
         metrics.add({"input": str(j.src), "output": str(j.out), "status": "skipped"})
-    # a resumed run that matches differently would leave its outputs unlike each other: say so
-    # (rows of runs before match_input existed have no field: those outputs were not matched)
+    # a resumed run that matches differently would leave its outputs unlike each other: say so. A
+    # CSV row holds "True" / "False", a JSON row a bool; rows of runs before match_input existed
+    # have none (or "" in a CSV): those outputs were not matched
     unlike = [j for j in done_before if str(j.src) in metrics.previous
-              and str(metrics.previous[str(j.src)].get("match_input") or False).lower() != str(cfg.match_input).lower()]
+              and str(metrics.previous[str(j.src)].get("match_input") or False) != str(cfg.match_input)]
     if unlike:
         print(f"warning: {len(unlike)} outputs kept by --skip-existing were saved "
               f"{'without' if cfg.match_input else 'with'} --match-input (e.g. {unlike[0].out}); the new ones "
