@@ -262,7 +262,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
 
     import gradio as gr
 
-    from sr_blockwise.decoding import options_for
+    from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT, options_for
 
     from .examples import write_examples
 
@@ -323,6 +323,11 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                                 info="shift each 4x4 block's colour so that it averages to its input pixel "
                                      "(back-projection): fixes colour drift and collapsed patches; "
                                      "off: the decoder's own output")
+            guidance = gr.Slider(0, 8, value=DEFAULT_PRIOR_WEIGHT, step=0.5, label="input guidance",
+                                 elem_id="guidance",
+                                 info="weight of the model's learned pull toward the 8x8 input's own "
+                                      "colours (1: as trained; higher: closer to the input, longer "
+                                      "blocks; very high: a blocky upscale)")
         go = gr.Button("Upscale", variant="primary", elem_id="go")
         status = gr.Markdown(elem_id="status")
         with gr.Row(equal_height=False):
@@ -344,11 +349,12 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         all_outputs = [lr_img, real_img, note, bicubic_img, status,
                        *[c for m in outs for c in outs[m]], stats_json]
 
-        def upscale(path, crop_how, k_val, eps_val, greedy_too, match_8x8=True):
+        def upscale(path, crop_how, k_val, eps_val, greedy_too, match_8x8=True, prior_w=DEFAULT_PRIOR_WEIGHT):
             p = user_input(path, crop_how)
-            k_val, eps_val = int(k_val), int(eps_val)
+            k_val, eps_val, prior_w = int(k_val), int(eps_val), float(prior_w)
             modes = ["exact", "approx"] + (["greedy"] if greedy_too else [])
-            stats = {"weights": weights_name, "input": p.info, "match_input": bool(match_8x8)}
+            stats = {"weights": weights_name, "input": p.info, "match_input": bool(match_8x8),
+                     "prior_weight": prior_w}
             images = {}  # as shown (matched or not): the stats compare what the page shows
             blank = np.full((32, 32, 3), FILL, np.uint8)
             view = {lr_img: p.lr, real_img: p.face, note: p.note, bicubic_img: bicubic_upscale(p.lr),
@@ -359,7 +365,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
             yield dict(view)
             # the modes decode one after another, not at once: on a CPU their timings stay honest
             for mode in modes:
-                opts = options_for(mode, k_val, eps_val)
+                opts = options_for(mode, k_val, eps_val, prior_weight=prior_w)
                 img, bmap, md = outs[mode]
                 try:
                     for item in decode_live(model, p.lr, opts, progress_every, time_limit=time_limit):
@@ -383,7 +389,8 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                                    print_exception=False) from None
             compare(stats, images)
             for mode in modes:
-                view[outs[mode][2]] = final_markdown(mode, options_for(mode, k_val, eps_val), stats[mode])
+                view[outs[mode][2]] = final_markdown(mode, options_for(mode, k_val, eps_val, prior_weight=prior_w),
+                                                     stats[mode])
             view[status] = "Done: " + ", ".join(f"{m} {stats[m]['seconds']:.2f} s" for m in modes) + "."
             view[stats_json] = stats
             yield view
@@ -405,7 +412,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                            api_visibility="private", queue=False)
         # one decode at a time, first come first served (the queue is bounded in launch): on a
         # few CPU cores parallel decodes would only slow each other down
-        go.click(upscale, [photo, crop, k, eps, with_greedy, match], all_outputs, api_name="upscale",
+        go.click(upscale, [photo, crop, k, eps, with_greedy, match, guidance], all_outputs, api_name="upscale",
                  concurrency_limit=1, concurrency_id="decode", show_progress="full",
                  show_progress_on=[status])
     demo.example_dir = example_dir

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: torch's default; use 1 when another job shares the cores)")
-    p.add_argument("--perceptual", default="auto", choices=["auto", "lpips", "stlpips", "none"],
+    p.add_argument("--perceptual", default="auto", choices=["auto", "lpips", "stlpips", "stlpips-vgg", "none"],
                    help="auto: LPIPS if its AlexNet weights are on disk, else ST-LPIPS")
     p.add_argument("--uncached-prefix", type=int, default=64,
                    help="tokens of the no-cache greedy decoder to run for real (the rest is estimated)")
@@ -59,6 +59,9 @@ def register(subparsers) -> None:
                    help="decode nothing: merge finished runs' results.json files (same settings; different "
                         "weights, or the same weights over adjacent --first ranges) into one report, plots and "
                         "JSON under --out")
+    p.add_argument("--prior-weight", type=float, default=1.0, metavar="W",
+                   help="input guidance of every decode (1: the model as trained; see `upscale --prior-weight`); "
+                        "bits/dim stay the model's as trained")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -86,7 +89,8 @@ def run(a) -> int:
                      perceptual=a.perceptual, uncached_prefix=a.uncached_prefix,
                      decode_exact=a.decode_exact, decode_approx=a.decode_approx,
                      grid_images=a.grid_images, progress=not a.quiet,
-                     cache_dir=None if a.cache_dir.lower() == "none" else a.cache_dir, resume=a.resume)
+                     cache_dir=None if a.cache_dir.lower() == "none" else a.cache_dir, resume=a.resume,
+                     prior_weight=a.prior_weight)
     return _report(evaluate(cfg))
 
 

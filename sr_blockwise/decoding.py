@@ -39,6 +39,12 @@ class DecodeOptions:
     # the most probable (2*eps+1)-wide window of the head's distribution, the value most likely
     # to land within eps of p1's argmax
     propose: str = "argmax"
+    # input guidance: the weight of the model's learned prior over (intensity - the 8x8 input's
+    # intensity of that cell and channel), in p1 and in every head. 1 is the model as trained;
+    # above 1 pulls every prediction toward the input (measured: 2 is closer to the real faces
+    # than 1 and lengthens blocks; large weights give the blocky nearest-neighbour upscale).
+    # Exact mode equals greedy decoding at the same weight.
+    prior_weight: float = 1.0
 
     def check(self, model: ImageTransformerSR) -> None:
         K = model.cfg.n_blockwise
@@ -58,6 +64,11 @@ class DecodeOptions:
             raise ValueError("sampling (temperature > 0) decodes one token per call: use k=1")
         if self.propose not in PROPOSALS:
             raise ValueError(f"unknown proposal {self.propose!r}; choose from {PROPOSALS}")
+        if self.prior_weight < 0:
+            raise ValueError(f"prior_weight must be >= 0, got {self.prior_weight}")
+        if self.prior_weight != 1 and model.lr_prior is None:
+            raise ValueError("prior_weight needs a model with the learned input prior (lr_prior); "
+                             "this model has none: use prior_weight=1")
         if self.propose == "window" and self.rule != "eps":
             raise ValueError("window proposals are for the eps rule (they aim within eps levels)")
 
@@ -178,7 +189,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         n_calls += 1
         calls[rows.cpu()] += 1
         if k > 1:
-            n = accepted_length(props, model.logits(h, src[rows], (tr + 1)[:, None] + ar), opts)
+            n = accepted_length(props, model.logits(h, src[rows], (tr + 1)[:, None] + ar, opts.prior_weight), opts)
         else:
             n = torch.ones(len(rows), dtype=torch.long, device=dev)
         n = torch.minimum(n, remaining)
@@ -211,7 +222,8 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
 
 
 @torch.no_grad()
-def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: int = 64) -> dict:
+def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: int = 64,
+                      prior_weight: float = 1.0) -> dict:
     """Exact mode's accepted blocks for every k in ks, without decoding it: {k: [DecodeStats]}.
 
     In exact mode the output is the greedy output, so every call's prefix is a greedy prefix, and
@@ -221,7 +233,7 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
     starting at t would get, and walking the image as `decode` does (accept the sure token, then
     the proposals that equal greedy's next tokens) reproduces its accepted blocks and calls for
     all k at once, at the cost of about one verify call per `chunk` tokens. `seconds` is 0: this
-    is not a timing. Raises if p1's argmax anywhere differs from the greedy token given (then the
+    is not a timing. prior_weight: the greedy outputs' (DecodeOptions.prior_weight). Raises if p1's argmax anywhere differs from the greedy token given (then the
     states are not the decoder's and the walk would be wrong)."""
     lr = check_input(lr)
     dev = next(model.parameters()).device
@@ -243,10 +255,10 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
         h = model.step(cache, prev[:, s:s + chunk], torch.full((B,), s, device=dev))
         n = h.shape[1]
         pos = s + torch.arange(n, device=dev).expand(B, n)
-        if not torch.equal(model.logits(h, src, pos).argmax(-1), y[:, s:s + n]):
+        if not torch.equal(model.logits(h, src, pos, prior_weight).argmax(-1), y[:, s:s + n]):
             raise ValueError("these are not the model's greedy tokens (p1 disagrees): cannot replay")
         for k in [k for k in ks if k > 1]:  # k=1 has no proposals: every block is 1 token
-            props = model.head_logits(h, k, src, pos, y).argmax(-1)[..., 1:]  # (B, n, k-1)
+            props = model.head_logits(h, k, src, pos, y, prior_weight).argmax(-1)[..., 1:]  # (B, n, k-1)
             want = torch.stack([later[:, s + j + 1:s + j + 1 + n] for j in range(k - 1)], -1)
             agree[k][:, s:s + n] = (props == want).cpu()
     out = {}
@@ -272,14 +284,14 @@ def _propose(model, h, k, opts, gen, t, rows, src, out, proposer=None):
     p1's own choice (so it needs no verification); the others come from the heads, or from
     `proposer(t, rows, k)` -> (b, k-1) tokens when one is given (e.g. a draft model)."""
     if opts.temperature > 0:
-        logits = model.logits(h, src[rows], t).float() / opts.temperature
+        logits = model.logits(h, src[rows], t, opts.prior_weight).float() / opts.temperature
         return (logits + gen[rows, t]).argmax(-1, keepdim=True)
     if proposer is None:
         # p1's own choice is always its argmax: it is the sure token
         window = opts.propose == "window" and opts.eps > 0
         return model.draft_heads(h, k, src[rows], t, out[rows],
-                                 (lambda z: window_centre(z, opts.eps)) if window else None)
-    first = model.logits(h, src[rows], t).argmax(-1, keepdim=True)
+                                 (lambda z: window_centre(z, opts.eps)) if window else None, opts.prior_weight)
+    first = model.logits(h, src[rows], t, opts.prior_weight).argmax(-1, keepdim=True)
     return torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first
 
 
@@ -307,7 +319,8 @@ def greedy(model, lr, **kw) -> DecodeResult:
 
 
 @torch.no_grad()
-def greedy_uncached(model: ImageTransformerSR, lr, max_tokens: int = SEQ_LEN) -> tuple[np.ndarray, float]:
+def greedy_uncached(model: ImageTransformerSR, lr, max_tokens: int = SEQ_LEN,
+                    prior_weight: float = 1.0) -> tuple[np.ndarray, float]:
     """Greedy decoding as the paper's reference code runs it: no KV cache, every step re-runs the
     whole prefix through the full forward. For timing only (slow: use max_tokens to time a
     prefix). Returns (tokens (B, max_tokens), seconds)."""
@@ -321,22 +334,28 @@ def greedy_uncached(model: ImageTransformerSR, lr, max_tokens: int = SEQ_LEN) ->
     for i in range(max_tokens):
         T = (i // L + 1) * L  # the prefix, rounded up to whole attention blocks
         h = model(src, tgt[:, :T])
-        tgt[:, i] = model.logits(h[:, i], src, torch.full((B,), i, device=dev)).argmax(-1)
+        tgt[:, i] = model.logits(h[:, i], src, torch.full((B,), i, device=dev), prior_weight).argmax(-1)
     return tgt[:, :max_tokens].cpu().numpy(), time.perf_counter() - t0
 
 
 MODES = ("greedy", "exact", "approx", "sample")
+# the prior weight the apps (upscale, demo) decode with unless told otherwise: measured on 96
+# held-out faces in results/s23-guidance (README, "Session 23")
+DEFAULT_PRIOR_WEIGHT = 2.0
 
 
-def options_for(mode: str, k: int = 6, eps: int = 2, temperature: float = 1.0, seed: int = 0) -> DecodeOptions:
+def options_for(mode: str, k: int = 6, eps: int = 2, temperature: float = 1.0, seed: int = 0,
+                prior_weight: float = 1.0) -> DecodeOptions:
     """The user-facing modes: greedy (k=1), exact (blockwise, identical to greedy),
-    approx (blockwise, accept within eps levels), sample (temperature sampling)."""
+    approx (blockwise, accept within eps levels), sample (temperature sampling); all at the
+    given input-prior weight."""
+    w = prior_weight
     if mode == "greedy":
-        return DecodeOptions(k=1)
+        return DecodeOptions(k=1, prior_weight=w)
     if mode == "exact":
-        return DecodeOptions(k=k, rule="exact")
+        return DecodeOptions(k=k, rule="exact", prior_weight=w)
     if mode == "approx":
-        return DecodeOptions(k=k, rule="eps", eps=eps)
+        return DecodeOptions(k=k, rule="eps", eps=eps, prior_weight=w)
     if mode == "sample":
-        return DecodeOptions(k=1, temperature=temperature, seed=seed)
+        return DecodeOptions(k=1, temperature=temperature, seed=seed, prior_weight=w)
     raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")

@@ -9,7 +9,7 @@ sitting for each batch of faces, see DecodeStore):
 - speed: seconds per image and speedup over greedy decoding with a KV cache, run first, in the
   same run (and over greedy without a cache, as the paper's reference code runs);
 - quality: PSNR, SSIM and a perceptual distance against the real face and against the model's own
-  exact (= greedy) output; the bicubic upscaling of the 8x8 input is a row too.
+  exact (= greedy) output; the bicubic and nearest-neighbour upscalings of the 8x8 input are rows too.
 The JSON layout (one record per weights x k x mode) is documented in docs/evaluate.md and in
 RECORD_FIELDS below; it is versioned by SCHEMA_VERSION.
 """
@@ -58,12 +58,12 @@ PAPER_PEAK = {"speedup": 4.0, "k": 6, "variant": "fine-tuned", "mode": "eps=2", 
 
 # Every record has exactly these fields (null where they do not apply), in this order.
 RECORD_FIELDS = {
-    "weights": "weights name (the .json file's stem); null for bicubic",
+    "weights": "weights name (the .json file's stem); null for bicubic and nearest",
     "variant": "frozen | fine-tuned | null: which column of the paper's Table 2 the weights match",
-    "method": "greedy | greedy-uncached | blockwise | bicubic",
-    "mode": "greedy | greedy-uncached | exact | eps=E | top-k=N | min-block=N | oracle | bicubic",
-    "k": "block size (tokens proposed per call); 1 for greedy; null for bicubic",
-    "rule": "acceptance rule passed to the decoder: exact | eps | topk | oracle; null for bicubic",
+    "method": "greedy | greedy-uncached | blockwise | bicubic | nearest",
+    "mode": "greedy | greedy-uncached | exact | eps=E | top-k=N | min-block=N | oracle | bicubic | nearest",
+    "k": "block size (tokens proposed per call); 1 for greedy; null for bicubic and nearest",
+    "rule": "acceptance rule passed to the decoder: exact | eps | topk | oracle; null for bicubic and nearest",
     "eps": "eps rule: accepted distance in intensity levels",
     "top_k": "topk rule: proposal accepted if among p1's top_k values",
     "min_block": "tokens accepted per call whatever the rule says",
@@ -107,9 +107,9 @@ class Mode:
     min_block: int = 1
     propose: str = "argmax"  # eps-window=E: the heads propose window centres (decoding.window_centre)
 
-    def options(self, k: int) -> DecodeOptions:
+    def options(self, k: int, prior_weight: float = 1.0) -> DecodeOptions:
         return DecodeOptions(k=k, rule=self.rule, eps=self.eps, top_k=self.top_k, min_block=self.min_block,
-                             propose=self.propose)
+                             propose=self.propose, prior_weight=prior_weight)
 
 
 def parse_mode(text: str) -> Mode:
@@ -191,7 +191,7 @@ class EvalConfig:
     threads: int = 0  # 0: torch's default
     out: str = "results"
     json_path: str | None = None  # default OUT/results.json
-    perceptual: str = "auto"  # auto | lpips | stlpips | none
+    perceptual: str = "auto"  # auto | lpips | stlpips | stlpips-vgg | none
     uncached_prefix: int = 64  # tokens of the real no-cache decoder to run (see time_uncached_greedy)
     # exact modes: decode only the first N images for real (timing, identity, quality); block
     # statistics of all images come from the replay (decoding.exact_block_stats). None: decode all
@@ -204,6 +204,9 @@ class EvalConfig:
     # there are read back instead of decoded again, so a stopped run goes on where it was
     cache_dir: str | None = None
     resume: bool = False
+    # input guidance of every decode (decoding.DecodeOptions.prior_weight); 1: the model as trained.
+    # bits/dim are always the model's as trained
+    prior_weight: float = 1.0
 
     def command(self) -> str:
         """The command line that reproduces this run."""
@@ -230,6 +233,8 @@ class EvalConfig:
             a += ["--resume"]
         if self.json_path:
             a += ["--json", str(self.json_path)]
+        if self.prior_weight != 1:
+            a += ["--prior-weight", f"{self.prior_weight:g}"]
         return shlex.join(a)
 
 
@@ -339,7 +344,7 @@ def join_batches(batches: list[dict]) -> dict:
 
 @torch.no_grad()
 def time_uncached_greedy(model, lr: np.ndarray, greedy_images: np.ndarray, prefix_tokens: int = 64,
-                         device: str = "cpu", reps: int = 3) -> dict:
+                         device: str = "cpu", reps: int = 3, prior_weight: float = 1.0) -> dict:
     """Seconds for one batch of greedy decoding without a KV cache (the paper's reference decoder,
     `decoding.greedy_uncached`), estimated, since running it whole costs minutes per image.
 
@@ -355,7 +360,7 @@ def time_uncached_greedy(model, lr: np.ndarray, greedy_images: np.ndarray, prefi
     The measured prefix of step 1 is compared with the same sum over its steps (`prefix_check`)."""
     L = model.cfg.block_len
     m = max(1, min(prefix_tokens, SEQ_LEN))
-    tokens, prefix_s = greedy_uncached(model, lr, m)
+    tokens, prefix_s = greedy_uncached(model, lr, m, prior_weight)
     want = to_tokens(greedy_images)[:, :m]
     src = torch.from_numpy(to_tokens(lr)).to(device)
     tgt = torch.from_numpy(to_tokens(greedy_images)).to(device)
@@ -366,7 +371,7 @@ def time_uncached_greedy(model, lr: np.ndarray, greedy_images: np.ndarray, prefi
             _sync(device)
             t0 = time.perf_counter()
             h = model(src, tgt[:, :T])
-            model.logits(h[:, T - 1], src, torch.full((len(src),), T - 1, device=src.device)).argmax(-1)
+            model.logits(h[:, T - 1], src, torch.full((len(src),), T - 1, device=src.device), prior_weight).argmax(-1)
             _sync(device)
             times[T].append(time.perf_counter() - t0)
     step = {T: float(np.median(v)) for T, v in times.items()}
@@ -508,7 +513,8 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
                      "bits_per_dim": "fp32 forward, p1 logits, over the evaluated images",
                      "seconds_per_image": "decode wall time of each batch summed, / images",
                      "exact_reference": "the same weights' greedy output (exact mode must equal it)",
-                     "decode_exact": cfg.decode_exact, "decode_approx": cfg.decode_approx},
+                     "decode_exact": cfg.decode_exact, "decode_approx": cfg.decode_approx,
+                     "prior_weight": cfg.prior_weight},
         "weights": weights_info,
         "paper": {"table2": {f"{v}, {m}": {str(k): x for k, x in t.items()} for (v, m), t in PAPER_TABLE2.items()},
                   "peak_speedup": PAPER_PEAK},
@@ -530,6 +536,10 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     records.append(new_record(method="bicubic", mode="bicubic", n_images=n, seconds_per_image=bic_s / n,
                               timing="measured", **quality(real, None, bic, perceptual),
                               notes=["Pillow bicubic resize of the 8x8 input to 32x32"]))
+    near, near_s = metrics.nearest_baseline(lr)
+    records.append(new_record(method="nearest", mode="nearest", n_images=n, seconds_per_image=near_s / n,
+                              timing="measured", **quality(real, None, near, perceptual),
+                              notes=["nearest-neighbour upscaling: each 8x8 input pixel as a 4x4 block"]))
 
     # the work list, for one progress bar over all decodes
     plan = []
@@ -550,6 +560,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     n_exact = n if cfg.decode_exact is None else min(n, cfg.decode_exact)
     n_approx = n if cfg.decode_approx is None else min(n, cfg.decode_approx)
     total = sum(n + sum(n_exact if m.options(k).is_exact else n_approx for k, m in jobs) for *_, jobs in plan)
+    w = cfg.prior_weight
     bar = tqdm(total=total, unit="img", disable=not cfg.progress, dynamic_ncols=True)
 
     # Phase 1, the decodes, batch by batch: each batch of faces is decoded greedily and then in
@@ -565,15 +576,15 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         model = load_model(path, dtype=DTYPES[cfg.dtype], device=cfg.device)
         # warm-up (not timed): a short oracle decode runs every kernel the timed decodes will
         kw = max([k for k, _ in jobs], default=1)
-        decode(model, lr[:1], DecodeOptions(k=kw, rule="oracle"))
+        decode(model, lr[:1], DecodeOptions(k=kw, rule="oracle", prior_weight=w))
         models[name] = (model, card.get("sha256") or sha256_of(path))
         runs[name] = {"greedy": []} | {(k, m): [] for k, m in jobs}
     for i in range(0, n, cfg.batch_size):
         for path, forced, card, jobs in plan:
             name = weights_name(path)
             model, sha = models[name]
-            todo = [("greedy", "greedy", DecodeOptions(k=1), n)] + [
-                ((k, m), f"k={k} {m.name}", m.options(k), n_exact if m.options(k).is_exact else n_approx)
+            todo = [("greedy", "greedy", DecodeOptions(k=1, prior_weight=w), n)] + [
+                ((k, m), f"k={k} {m.name}", m.options(k, w), n_exact if m.options(k).is_exact else n_approx)
                 for k, m in jobs]
             # modes limited by --decode-exact / --decode-approx decode only their first nd faces
             todo = [(job, label, opts, lr[i:min(i + cfg.batch_size, nd)]) for job, label, opts, nd in todo if i < nd]
@@ -605,7 +616,8 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         # greedy without a KV cache, as the paper's reference code runs (timed on one batch)
         bar.set_description(f"{name}: greedy, no KV cache")
         b = min(cfg.batch_size, n)
-        unc = time_uncached_greedy(model, lr[:b], g["images"][:b], cfg.uncached_prefix, cfg.device)
+        unc = time_uncached_greedy(model, lr[:b], g["images"][:b], cfg.uncached_prefix, cfg.device,
+                                   prior_weight=w)
         u_spi = unc["seconds_batch"] / b
         urec = new_record(weights=name, variant=variant, method="greedy-uncached", mode="greedy-uncached", k=1,
                           rule="exact", eps=0, top_k=1, min_block=1, exact_by_construction=True, n_images=b,
@@ -633,7 +645,8 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         if ks_exact:
             bar.set_description(f"{name}: exact-mode replay")
             for i in range(0, n, 32):
-                for k, st in exact_block_stats(model, lr[i:i + 32], g["images"][i:i + 32], ks_exact).items():
+                for k, st in exact_block_stats(model, lr[i:i + 32], g["images"][i:i + 32], ks_exact,
+                                               prior_weight=w).items():
                     replay[k] += st
 
         # the blockwise decodes
@@ -737,7 +750,9 @@ def _write_outputs(result: dict, samples: dict, out: Path, json_path: Path) -> d
 
 # settings that must agree for rows of different runs to stand in one table
 MERGE_SAME_SETTINGS = ("ks", "modes", "batch_size", "dtype", "device", "psnr", "ssim", "perceptual",
-                       "uncached_prefix_tokens", "decode_exact", "decode_approx")
+                       "uncached_prefix_tokens", "decode_exact", "decode_approx", "prior_weight")
+# what a setting was in results written before it existed
+SETTING_BEFORE_IT_EXISTED = {"prior_weight": 1.0}
 # record fields that say what a row is: the same in every part of it
 ROW_IDENTITY = ("weights", "variant", "method", "mode", "k", "rule", "eps", "top_k", "min_block",
                 "exact_by_construction", "paper_mean_block", "timing")
@@ -823,9 +838,10 @@ def merge_results(results: list[dict], command: str) -> dict:
             raise ValueError(f"{where}: other data than the first result's: data.path (file name), data.split, data.split_size are "
                              f"{data_of(r)}, not {data_of(first)}")
         for key in MERGE_SAME_SETTINGS:
-            if r["settings"].get(key) != first["settings"].get(key):
-                raise ValueError(f"{where}: settings.{key} is {r['settings'].get(key)!r}, not "
-                                 f"{first['settings'].get(key)!r} as in the first result: rows would not compare")
+            mine, theirs = (x["settings"].get(key, SETTING_BEFORE_IT_EXISTED.get(key)) for x in (r, first))
+            if mine != theirs:
+                raise ValueError(f"{where}: settings.{key} is {mine!r}, not {theirs!r} as in the first "
+                                 f"result: rows would not compare")
         for w in r["weights"]:
             by_weights.setdefault(w["name"], []).append((_faces(r), r, w))
     # every weights: its runs' faces side by side, from face 0, all weights up to the same face
@@ -849,9 +865,14 @@ def merge_results(results: list[dict], command: str) -> dict:
     def rows(r, weights):
         return [x for x in r["records"] if x["weights"] == weights]
 
-    # bicubic over the first weights' runs (they cover every face once)
+    # the no-model rows over the first weights' runs (they cover every face once); results from
+    # before the nearest row was added have none, and a merge keeps it only if every run has it
     lead = next(iter(by_weights.values()))
-    records = [pool_records([x for _, r, _ in lead for x in r["records"] if x["method"] == "bicubic"])]
+    records = []
+    for method in ("bicubic", "nearest"):
+        rows_of = [[x for x in r["records"] if x["method"] == method] for _, r, _ in lead]
+        if all(rows_of):
+            records.append(pool_records([x for rs in rows_of for x in rs]))
     weights_info = []
     for name, parts in by_weights.items():
         keys = [(x["mode"], x["k"]) for x in rows(parts[0][1], name)]
@@ -991,7 +1012,7 @@ def speed_markdown(result) -> str:
             "speedup vs greedy (no cache)", "call reduction", "cost per call vs greedy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["records"]:
-        if r["method"] == "bicubic":
+        if r["method"] in ("bicubic", "nearest"):
             continue
         est = " (est.)" if r["timing"] == "estimated" else ""
         lines.append("| " + " | ".join([r["weights"], r["mode"], str(r["k"]), _fmt(r["mean_block"]),
@@ -1123,7 +1144,10 @@ def report_markdown(result, files) -> str:
         f"Data: `{d['path']}`, held-out test split, "
         + (f"faces {d['first']}..{d['first'] + d['n_images'] - 1}" if d.get("first") else f"first {d['n_images']}")
         + f" of {d['split_size']} faces. "
-        f"Batch size {s['batch_size']}, {s['dtype']}.",
+        f"Batch size {s['batch_size']}, {s['dtype']}."
+        + (f" **Input guidance: prior weight {s['prior_weight']:g}** in every decode (1 is the model as "
+           "trained; greedy, exact and the paper's comparisons are all at this weight)."
+           if s.get("prior_weight", 1.0) != 1 else ""),
         "## Mean accepted block size (the paper's Table 2 layout)",
         "Ours, with the paper's Table 2 value (CelebA dev) in brackets where it has one.",
         table2_markdown(result),
@@ -1255,8 +1279,8 @@ def summary_markdown(result) -> str:
     for r in result["records"]:
         if r["method"] == "greedy-uncached":
             continue
-        if r["method"] == "bicubic":
-            lines.append("| " + " | ".join(["—", "bicubic", "—", "—", str(r["n_images"]), "—", "—",
+        if r["method"] in ("bicubic", "nearest"):
+            lines.append("| " + " | ".join(["—", r["method"], "—", "—", str(r["n_images"]), "—", "—",
                                             _fmt(r["psnr_vs_real"]), _fmt(r["ssim_vs_real"], 3),
                                             _fmt(r["perceptual_vs_real"], 3), "—"]) + " |")
             continue

@@ -66,14 +66,14 @@ def lpips_status() -> tuple[bool, str]:
     return True, f"AlexNet weights found at {ckpt}"
 
 
-def _load_stlpips():
+def _load_stlpips(trunk: str = "alex"):
     import torch
     from stlpips_pytorch import stlpips
-    # pretrained=False builds the shift-tolerant AlexNet from scratch (no torchvision download);
+    # pretrained=False builds the shift-tolerant trunk from scratch (no torchvision download);
     # we then load the package's own weights file strictly, so a trunk left random cannot slip by
     # (the package's own loader uses strict=False)
-    net = stlpips.LPIPS(net="alex", variant="shift_tolerant", pretrained=False, verbose=False)
-    path = Path(stlpips.__file__).parent / "weights" / "vST0.0" / "alex_shift_tolerant.pth"
+    net = stlpips.LPIPS(net=trunk, variant="shift_tolerant", pretrained=False, verbose=False)
+    path = Path(stlpips.__file__).parent / "weights" / "vST0.0" / f"{trunk}_shift_tolerant.pth"
     state = torch.load(path, map_location="cpu", weights_only=True)
     # `lins` is a ModuleList alias of lin0..lin4: same tensors under a second name
     state.update({"lins." + k[3:]: v for k, v in state.items() if k.startswith("lin") and k[3].isdigit()})
@@ -85,8 +85,11 @@ class Perceptual:
     """A perceptual distance between batches of uint8 faces. `kind` is "lpips" or "stlpips";
     `label` names it in every output."""
 
+    # stlpips-vgg: the same package's VGG trunk, a second opinion. The AlexNet one rates plain
+    # nearest-neighbour blocks better than our decoder's faces; the VGG one does not (README)
     LABELS = {"lpips": "LPIPS (AlexNet, v0.1)",
-              "stlpips": "ST-LPIPS (shift-tolerant AlexNet, vST0.0)"}
+              "stlpips": "ST-LPIPS (shift-tolerant AlexNet, vST0.0)",
+              "stlpips-vgg": "ST-LPIPS (shift-tolerant VGG, vST0.0)"}
 
     def __init__(self, kind: str = "auto", device: str = "cpu"):
         import torch
@@ -98,10 +101,10 @@ class Perceptual:
                 raise ValueError(f"plain LPIPS is not available offline: {why}")
             import lpips
             net = lpips.LPIPS(net="alex", verbose=False)
-        elif kind == "stlpips":
-            net = _load_stlpips()
+        elif kind in ("stlpips", "stlpips-vgg"):
+            net = _load_stlpips("vgg" if kind == "stlpips-vgg" else "alex")
         else:
-            raise ValueError(f"unknown perceptual metric {kind!r}: use auto, lpips or stlpips")
+            raise ValueError(f"unknown perceptual metric {kind!r}: use auto, lpips, stlpips or stlpips-vgg")
         self.kind, self.device = kind, device
         self.label = self.LABELS[kind]
         self.why = "" if kind == "lpips" else f"plain LPIPS not used: {why}"
@@ -137,6 +140,15 @@ def bicubic_baseline(lr: np.ndarray) -> tuple[np.ndarray, float]:
     from .data import bicubic_upscale
     t0 = time.perf_counter()
     out = bicubic_upscale(lr, 32)
+    return out, time.perf_counter() - t0
+
+
+def nearest_baseline(lr: np.ndarray) -> tuple[np.ndarray, float]:
+    """Nearest-neighbour upscaling (each input pixel a 4x4 block) of (N,8,8,3) inputs, and its wall
+    time. A second no-model row: it shows what a perceptual metric makes of plain blocks (the
+    shift-tolerant AlexNet ST-LPIPS rates them better than our decoder's faces, see README)."""
+    t0 = time.perf_counter()
+    out = np.asarray(lr).repeat(4, axis=-3).repeat(4, axis=-2)
     return out, time.perf_counter() - t0
 
 

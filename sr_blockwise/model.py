@@ -481,15 +481,18 @@ class ImageTransformerSR(nn.Module):
         flat = pos.reshape(pos.shape[0], -1)
         return torch.gather(src, 1, self.tgt_src[flat]).view_as(pos)
 
-    def prior(self, src: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
+    def prior(self, src: torch.Tensor, pos: torch.Tensor, weight: float = 1.0) -> torch.Tensor | None:
         """lr_prior's logits (B, ..., 256) for the target positions pos (B, ...) (clamped to the
-        image) given the 8x8 input src (B, 192); None without lr_prior."""
+        image) given the 8x8 input src (B, 192), times `weight` (1: the model as trained; more
+        pulls every prediction toward the input's own intensity, see DecodeOptions.prior_weight);
+        None without lr_prior."""
         if self.lr_prior is None:
             return None
         pos = pos.clamp(max=SEQ_LEN - 1)
-        return offset_log_prior(self.lr_prior, self.tgt_ch[pos], self.cell_intensity(src, pos))
+        prior = offset_log_prior(self.lr_prior, self.tgt_ch[pos], self.cell_intensity(src, pos))
+        return prior if weight == 1 else prior * weight
 
-    def _with_prior(self, logits, src, pos):
+    def _with_prior(self, logits, src, pos, weight: float = 1.0):
         if self.lr_prior is None:
             return logits
         if src is None or pos is None:
@@ -497,7 +500,7 @@ class ImageTransformerSR(nn.Module):
         # in the wider of the two dtypes: under bf16 autocast the logits are bf16, and rounding a
         # log-prior of -15 to bf16 moves it by up to 0.06
         dtype = torch.promote_types(logits.dtype, self.lr_prior.dtype)
-        return logits.to(dtype) + self.prior(src, pos).to(dtype)
+        return logits.to(dtype) + self.prior(src, pos, weight).to(dtype)
 
     def neighbour_prior(self, tokens: torch.Tensor, tpos: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """nbr_prior's logits (B, ..., g, 256) for head j (g,) (2..K, predicting p1's position +
@@ -533,14 +536,15 @@ class ImageTransformerSR(nn.Module):
         return None
 
     def logits(self, h: torch.Tensor, src: torch.Tensor | None = None,
-               pos: torch.Tensor | None = None) -> torch.Tensor:
+               pos: torch.Tensor | None = None, prior_weight: float = 1.0) -> torch.Tensor:
         """p1's logits from the final decoder states h (B, ..., d) at target positions pos
         (B, ...); h (B, 3072, d) from a whole image's full forward needs no pos. src: the
-        (B, 192) input, for lr_prior."""
-        return self.head_logits(h, 1, src, pos)[..., 0, :]
+        (B, 192) input, for lr_prior (scaled by prior_weight)."""
+        return self.head_logits(h, 1, src, pos, prior_weight=prior_weight)[..., 0, :]
 
     def head_logits(self, h: torch.Tensor, k: int, src: torch.Tensor | None = None,
-                    pos: torch.Tensor | None = None, tokens: torch.Tensor | None = None) -> torch.Tensor:
+                    pos: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
+                    prior_weight: float = 1.0) -> torch.Tensor:
         """All k heads' logits from the decoder states h (B, ..., d) -> (B, ..., k, 256).
         pos (B, ...): the positions p1 predicts; head j predicts the token j-1 after it.
         tokens (B, S): the intensities decoded so far, at their positions (nbr_prior reads
@@ -549,8 +553,8 @@ class ImageTransformerSR(nn.Module):
             pos = self._full_positions(h) if pos is None else pos
             if tokens is None or pos is None:
                 raise ValueError("this model has draft_emb: heads 2..k need the decoded tokens and positions")
-            return self._heads_one_by_one(h, k, src, pos, tokens)[0]
-        z, pos = self._heads_before_nbr(h, k, src, pos)
+            return self._heads_one_by_one(h, k, src, pos, tokens, prior_weight=prior_weight)[0]
+        z, pos = self._heads_before_nbr(h, k, src, pos, prior_weight)
         if k > 1 and self.cfg.nbr_prior:
             if tokens is None or pos is None:
                 raise ValueError("this model has nbr_prior: heads 2..k need the decoded tokens and positions")
@@ -558,7 +562,7 @@ class ImageTransformerSR(nn.Module):
             z = torch.cat([z[..., :1, :], z[..., 1:, :] + nbr.to(z.dtype)], dim=-2)
         return z
 
-    def _heads_before_nbr(self, h, k, src, pos):
+    def _heads_before_nbr(self, h, k, src, pos, prior_weight=1.0):
         """The k heads' logits with lr_prior but without nbr_prior, and each head's position."""
         if self.cfg.head1 == "base":
             z = self.out_proj(h).unsqueeze(-2)
@@ -569,10 +573,10 @@ class ImageTransformerSR(nn.Module):
         pos = self._full_positions(h) if pos is None else pos
         if pos is not None:
             pos = pos.unsqueeze(-1) + torch.arange(k, device=h.device)
-        return self._with_prior(z, src, pos), pos
+        return self._with_prior(z, src, pos, prior_weight), pos
 
     def draft_heads(self, h: torch.Tensor, k: int, src: torch.Tensor, pos: torch.Tensor,
-                    tokens: torch.Tensor, choose=None) -> torch.Tensor:
+                    tokens: torch.Tensor, choose=None, prior_weight: float = 1.0) -> torch.Tensor:
         """A block's k proposals (b, k) from decoder states h (b, d) that predict positions pos
         (b,), given the decoded intensities tokens (b, S) (read before pos only). The first is
         p1's argmax; heads 2..k choose with `choose` (logits (b, 256) -> (b,), default argmax).
@@ -580,8 +584,8 @@ class ImageTransformerSR(nn.Module):
         at a time; each equals what `head_logits` gives when the tokens hold those proposals."""
         choose = choose or (lambda z: z.argmax(-1))
         if k > 1 and self.cfg.draft_emb:
-            return self._heads_one_by_one(h, k, src, pos, tokens, choose)[1]
-        z, _ = self._heads_before_nbr(h, k, src, pos)
+            return self._heads_one_by_one(h, k, src, pos, tokens, choose, prior_weight)[1]
+        z, _ = self._heads_before_nbr(h, k, src, pos, prior_weight)
         first = z[:, 0].argmax(-1)
         if k == 1 or not self.cfg.nbr_prior:
             return torch.cat([first[:, None], choose(z[:, 1:])], 1) if k > 1 else first[:, None]
@@ -656,7 +660,7 @@ class ImageTransformerSR(nn.Module):
 
         return self._draft_embed(read(u - 1), read(u - 3), self._draft_rows(u))
 
-    def _heads_one_by_one(self, h, k, src, pos, tokens, choose=None):
+    def _heads_one_by_one(self, h, k, src, pos, tokens, choose=None, prior_weight=1.0):
         """draft_emb's heads, one at a time: each reads the intensities before its target from
         `tokens`. With `choose` (drafting) each head's proposal is written into a copy of tokens
         before the next head runs; without, tokens are the targets (training's teacher forcing,
@@ -678,7 +682,7 @@ class ImageTransformerSR(nn.Module):
             return intensities_at(buf, q)
 
         dev = h.device
-        p1 = self._with_prior(self.out_proj(h), src, pos)
+        p1 = self._with_prior(self.out_proj(h), src, pos, prior_weight)
         logits, props = [p1], [p1.argmax(-1)]
         if choose is not None:
             buf.scatter_(1, pos.reshape(B, -1), props[0].reshape(B, -1))
@@ -686,7 +690,7 @@ class ImageTransformerSR(nn.Module):
         j = torch.arange(2, k + 1, device=dev)
         u = pos.unsqueeze(-1) + j - 1
         rows = self._draft_rows(u)
-        prior = self.prior(src, u)  # None without lr_prior
+        prior = self.prior(src, u, prior_weight)  # None without lr_prior
         if self.cfg.nbr_draft:  # neighbour_prior's references, as draft_heads reads them
             fixed = self._draft_prior_fixed(read, u, j)
         elif self.cfg.nbr_prior:  # every reference is decoded: all heads at once

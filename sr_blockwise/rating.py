@@ -79,13 +79,15 @@ class Condition:
     k: int = 1
     eps: int = 0
     weights: str = ""  # weights label ("" for real / broken)
+    prior_weight: float = 1.0  # input guidance (decoding.DecodeOptions.prior_weight); 1: as trained
 
     @property
     def name(self) -> str:
         if self.rule in ("real", "broken"):
             return self.rule
         mode = {"greedy": "greedy", "exact": "exact"}.get(self.rule, f"eps={self.eps}")
-        return mode + ("" if self.rule == "greedy" else f":k={self.k}") + f"@{self.weights}"
+        return (mode + ("" if self.rule == "greedy" else f":k={self.k}")
+                + ("" if self.prior_weight == 1 else f":w={self.prior_weight:g}") + f"@{self.weights}")
 
     @property
     def mode(self) -> str:
@@ -95,8 +97,8 @@ class Condition:
     def options(self):
         from .decoding import DecodeOptions
         if self.rule == "greedy":
-            return DecodeOptions(k=1)
-        return DecodeOptions(k=self.k, rule=self.rule, eps=self.eps)
+            return DecodeOptions(k=1, prior_weight=self.prior_weight)
+        return DecodeOptions(k=self.k, rule=self.rule, eps=self.eps, prior_weight=self.prior_weight)
 
     @classmethod
     def from_name(cls, name: str) -> "Condition":
@@ -104,7 +106,7 @@ class Condition:
         return c
 
 
-_SPEC = re.compile(r"^(greedy|exact|eps=(\d+))(?::k=([0-9,]+))?(?:@(.+))?$")
+_SPEC = re.compile(r"^(greedy|exact|eps=(\d+))(?::k=([0-9,]+))?(?::w=([0-9.]+))?(?:@(.+))?$")
 
 
 def weights_label(ref: str) -> str:
@@ -118,7 +120,8 @@ def weights_label(ref: str) -> str:
 def parse_conditions(specs, frozen: str = FROZEN, finetuned: str = FINETUNED) -> tuple[list[Condition], dict]:
     """Condition specs -> (conditions, {weights label: weights name or path}).
     greedy[@W] | exact:k=K[,K..][@W] | eps=E:k=K[,K..][@W] | real. Without @W, greedy uses the
-    frozen weights and k>1 the fine-tuned ones (the paper's comparison)."""
+    frozen weights and k>1 the fine-tuned ones (the paper's comparison). A decoded condition may
+    say its input guidance before @W: greedy:w=2, eps=2:k=6:w=2 (default 1, the model as trained)."""
     conds, refs = [], {}
     for spec in specs:
         spec = spec.strip()
@@ -127,9 +130,13 @@ def parse_conditions(specs, frozen: str = FROZEN, finetuned: str = FINETUNED) ->
             continue
         m = _SPEC.match(spec)
         if not m:
-            raise StudyError(f"unknown condition {spec!r}: use greedy[@W], exact:k=K[@W], "
-                             f"eps=E:k=K[@W] or real (K may be a list: k=2,4,6)")
-        mode, eps, ks, ref = m.groups()
+            raise StudyError(f"unknown condition {spec!r}: use greedy[:w=G][@W], exact:k=K[:w=G][@W], "
+                             f"eps=E:k=K[:w=G][@W] or real (K may be a list: k=2,4,6; G: input guidance)")
+        mode, eps, ks, w, ref = m.groups()
+        try:
+            w = 1.0 if w is None else float(w)
+        except ValueError:
+            raise StudyError(f"{spec!r}: w={w} is not a number (the input guidance, e.g. w=2)") from None
         rule = "eps" if eps is not None else mode
         ks = [int(x) for x in ks.split(",") if x] if ks else [1]
         if rule == "greedy" and ks != [1]:
@@ -146,7 +153,7 @@ def parse_conditions(specs, frozen: str = FROZEN, finetuned: str = FINETUNED) ->
         for k in ks:
             if not 1 <= k <= 16:
                 raise StudyError(f"{spec!r}: k={k} is outside 1..16")
-            conds.append(Condition(rule, k, int(eps or 0), label))
+            conds.append(Condition(rule, k, int(eps or 0), label, w))
     names = [c.name for c in conds]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -288,8 +295,10 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
         if c.rule != "real":
             dirs[c.name] = f"images/c{i:02d}_{_slug(c.name)}"
     settings = {
+        # prior_weight only where it is not 1: studies built before it existed keep their manifest and id
         "conditions": [{"name": c.name, "rule": c.rule, "k": c.k, "eps": c.eps, "weights": c.weights,
-                        "dir": dirs[c.name]} for c in conds],
+                        "dir": dirs[c.name]} | ({"prior_weight": c.prior_weight} if c.prior_weight != 1 else {})
+                       for c in conds],
         "comparisons": [list(p) for p in comparisons],
         "weights": weights,
         "question": question.strip(),
@@ -849,7 +858,9 @@ def table3(res: dict) -> str:
             continue
         if a.rule not in ("exact", "eps") or b.rule != "greedy":
             continue
-        key = (a.mode, a.weights, b.weights)
+        # guided conditions get their own columns, without the paper's numbers (it had no guidance)
+        guided = lambda c: "" if c.prior_weight == 1 else f":w={c.prior_weight:g}"
+        key = (a.mode + guided(a), a.weights, b.weights + guided(b))
         cols.setdefault(key, None)
         rows.setdefault(a.k, {})[key] = c
     if not cols:
@@ -864,7 +875,7 @@ def table3(res: dict) -> str:
     for k in sorted(rows):
         cells = [str(k)]
         for key in cols:
-            paper = PAPER_TABLE3.get(key[0], {}).get(k)
+            paper = None if ":w=" in key[0] + key[2] else PAPER_TABLE3.get(key[0], {}).get(k)
             cells.append("—" if paper is None else f"{paper:.1f}")
             cells.append(_cell(rows[k][key]) if key in rows[k] else "—")
         out.append("| " + " | ".join(cells) + " |")

@@ -40,7 +40,7 @@ SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
     "webp": ("WEBP", {"lossless": True}),
 }
 METRIC_FIELDS = ["input", "output", "status", "reason", "mode", "k", "eps", "temperature", "seed",
-                 "batch_size", "match_input", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
+                 "batch_size", "prior_weight", "match_input", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
                  "psnr_bicubic", "ssim_bicubic"]
 # Pillow registers some formats it can only identify, not decode (or that need ghostscript)
 _NOT_DECODABLE = {".bufr", ".grib", ".h5", ".hdf", ".mpeg", ".mpg", ".eps", ".ps"}
@@ -85,6 +85,8 @@ class Config:
     shard: str | None = None  # "I/N" or "auto" (torchrun's RANK/WORLD_SIZE)
     measure_greedy: bool = False
     match_input: bool = True  # back-project each output onto its 8x8 input (data.match_input)
+    # input guidance (decoding.DecodeOptions.prior_weight); None: decoding.DEFAULT_PRIOR_WEIGHT
+    prior_weight: float | None = None
     dry_run: bool = False
     quiet: bool = False
 
@@ -470,7 +472,7 @@ def run(cfg: Config) -> int:
     from tqdm import tqdm
 
     from .checkpoints import default_weights, load_model
-    from .decoding import options_for
+    from .decoding import DEFAULT_PRIOR_WEIGHT, options_for
     from .model import SEQ_LEN
 
     if cfg.batch_size < 1:
@@ -494,7 +496,9 @@ def run(cfg: Config) -> int:
             print(f"{'skip' if id(j) in skip else 'todo'}\t{j.src}\t{j.out}")
         return 0
 
-    opts = options_for(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed)
+    prior_weight = DEFAULT_PRIOR_WEIGHT if cfg.prior_weight is None else cfg.prior_weight
+    opts = options_for(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
+                       prior_weight=prior_weight)
     dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     if cfg.dtype not in dtypes:
         raise ValueError(f"--dtype {cfg.dtype!r}: choose from {sorted(dtypes)}")
@@ -509,11 +513,11 @@ def run(cfg: Config) -> int:
     s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
     settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
                 "temperature": opts.temperature or None, "seed": cfg.seed if opts.temperature else None,
-                "batch_size": cfg.batch_size, "match_input": cfg.match_input, "device": device, "dtype": cfg.dtype, "shard": f"{i}/{n}",
+                "batch_size": cfg.batch_size, "prior_weight": prior_weight, "match_input": cfg.match_input, "device": device, "dtype": cfg.dtype, "shard": f"{i}/{n}",
                 "ssim": dict(SSIM_SETTINGS), "psnr": dict(PSNR_SETTINGS)}
     metrics = Metrics(mpath, settings, cfg.skip_existing)
     base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size",
-                                          "match_input")}
+                                          "prior_weight", "match_input")}
     for j in done_before:
         metrics.add({"input": str(j.src), "output": str(j.out), "status": "skipped"})
     # a resumed run that matches differently would leave its outputs unlike each other: say so. A
@@ -526,6 +530,13 @@ def run(cfg: Config) -> int:
               f"{'without' if cfg.match_input else 'with'} --match-input (e.g. {unlike[0].out}); the new ones "
               f"are {'' if cfg.match_input else 'not '}matched. Rerun those without --skip-existing, or pass "
               f"--{'no-' if cfg.match_input else ''}match-input, to keep them alike", file=sys.stderr)
+    # likewise the input guidance; rows of runs before it existed were decoded at weight 1
+    unlike = [j for j in done_before if str(j.src) in metrics.previous
+              and float(metrics.previous[str(j.src)].get("prior_weight") or 1) != prior_weight]
+    if unlike:
+        print(f"warning: {len(unlike)} outputs kept by --skip-existing were decoded with another "
+              f"--prior-weight (e.g. {unlike[0].out}); the new ones use {prior_weight:g}. Rerun those without "
+              f"--skip-existing, or pass the old --prior-weight, to keep them alike", file=sys.stderr)
 
     bar = tqdm(total=len(todo), unit="img", desc="upscale" + (f" {i}/{n}" if n > 1 else ""),
                disable=cfg.quiet, dynamic_ncols=True, smoothing=0.1)
@@ -631,7 +642,7 @@ def _greedy_check(model, lrs, images, opts) -> dict:
     (exact mode) whether the outputs match greedy as they must. The blockwise decode is timed
     again too: the first batch of a run also pays for warming up, greedy would not."""
     from .decoding import DecodeOptions, decode
-    g = decode(model, lrs, DecodeOptions(k=1))
+    g = decode(model, lrs, DecodeOptions(k=1, prior_weight=opts.prior_weight))
     seconds = decode(model, lrs, opts).seconds
     return {"images": len(lrs), "seconds": seconds, "greedy_seconds": g.seconds,
             "speedup": g.seconds / seconds if seconds > 0 else math.nan,

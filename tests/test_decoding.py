@@ -197,3 +197,43 @@ def test_bad_inputs_are_refused_with_reasons():
         decode(m, lr, DecodeOptions(k=2, rule="eps", eps=-1))
     with pytest.raises(ValueError, match="mode"):
         options_for("fast")
+
+
+def test_prior_weight_changes_greedy_and_exact_still_equals_it(setup64):
+    """Input guidance (prior_weight) is part of the model's distribution: greedy, exact blockwise
+    decoding with the model's own heads and the replay all see the same weighted logits."""
+    m, lr, g = setup64
+    guided = decode(m, lr, DecodeOptions(k=1, prior_weight=3.0))
+    assert not np.array_equal(guided.images, g.images)  # the weight does something
+    r = decode(m, lr, DecodeOptions(k=4, prior_weight=3.0))
+    np.testing.assert_array_equal(r.images, guided.images)
+    prop = oracle_proposer(to_tokens(guided.images), wrong_rate=0.15, seed=3)
+    r6 = decode(m, lr, DecodeOptions(k=6, rule="exact", prior_weight=3.0), proposer=prop)
+    np.testing.assert_array_equal(r6.images, guided.images)
+    assert _same_blocks(r.stats, exact_block_stats(m, lr, guided.images, [4], prior_weight=3.0)[4])
+    with pytest.raises(ValueError, match="greedy"):  # the unweighted model's states disagree
+        exact_block_stats(m, lr, guided.images, [4])
+    eps = decode(m, lr, DecodeOptions(k=4, rule="eps", eps=2, prior_weight=3.0))
+    assert options_for("approx", 4, 2, prior_weight=3.0) == DecodeOptions(k=4, rule="eps", eps=2, prior_weight=3.0)
+    assert eps.images.shape == guided.images.shape
+
+
+def test_prior_weight_pulls_the_shipped_model_toward_its_input(celeba_npz):
+    """On a real test face the shipped weights' output moves toward the 8x8 input as the weight
+    grows (large weights give the nearest-neighbour upscale)."""
+    from sr_blockwise.checkpoints import load_model
+    from sr_blockwise.data import downsample_8, load_faces
+    m = load_model("cpu-finetuned")
+    lr = downsample_8(load_faces(celeba_npz, part="test").images[1:2])
+    nearest = lr.repeat(4, 1).repeat(4, 2).astype(int)
+    dist = [np.abs(decode(m, lr, DecodeOptions(k=6, rule="eps", eps=2, prior_weight=w)).images - nearest).mean()
+            for w in (1.0, 3.0, 12.0)]
+    assert dist[0] > dist[1] > dist[2] and dist[2] < 2, dist
+
+
+def test_prior_weight_is_refused_where_it_means_nothing():
+    lr = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(ValueError, match="lr_prior"):
+        decode(make_tiny(0, lr_prior=False).for_inference(torch.float32), lr, DecodeOptions(prior_weight=2.0))
+    with pytest.raises(ValueError, match="prior_weight"):
+        decode(make_tiny(0).for_inference(torch.float32), lr, DecodeOptions(prior_weight=-1.0))

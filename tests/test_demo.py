@@ -24,7 +24,7 @@ from apps.demo import (FILL, BadImage, Frame, block_map_image, build_app, compar
 from apps.examples import builtin_examples, celeba_examples
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import image_to_input, match_input, open_rgb
-from sr_blockwise.decoding import decode, options_for
+from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT, decode, options_for
 
 K, EPS = 6, 8  # what the tests ask for; both decodes of the tiny model take a few seconds each
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -194,8 +194,9 @@ def test_client_upscale_matches_library(server, files, model):
     from gradio_client import Client, handle_file
     # download_files=False: the client would fetch every streamed frame; fetch the final images only
     client = Client(server, verbose=False, analytics_enabled=False, download_files=False)
-    # "match the 8x8 input" off: the decoder's own outputs
-    out = client.predict(handle_file(files["astronaut"]), "centre square", K, EPS, False, False, api_name="/upscale")
+    # "match the 8x8 input" off: the decoder's own outputs; input guidance 1 (the model as trained)
+    out = client.predict(handle_file(files["astronaut"]), "centre square", K, EPS, False, False, 1.0,
+                         api_name="/upscale")
     lr_file, real_file, note, bicubic_file, status = out[:5]
     exact_file, approx_file, stats = out[5], out[8], out[-1]
     lr, face = image_to_input(open_rgb(files["astronaut"]))
@@ -205,20 +206,22 @@ def test_client_upscale_matches_library(server, files, model):
     for mode, file in [("exact", exact_file), ("approx", approx_file)]:
         got = fetch(file)
         assert got.shape == (32, 32, 3)
-        ref = decode(model, lr[None], options_for(mode, K, EPS))  # the direct library call
+        ref = decode(model, lr[None], options_for(mode, K, EPS, prior_weight=1.0))  # the direct library call
         assert (got == ref.images[0]).all(), mode
         s, r = stats[mode], ref.stats[0]
         assert (s["calls"], s["block_hist"], s["k"]) == (r.calls, r.block_hist, K), mode
         assert s["mean_block"] == pytest.approx(r.mean_block)
         assert s["speedup_calls"] == pytest.approx(3072 / r.calls)
     assert stats["approx"]["eps"] == EPS and "Done" in status
-    assert stats["match_input"] is False
-    # "match the 8x8 input" (the default): the same decodes, each shown back-projected onto the 8x8 input
+    assert stats["match_input"] is False and stats["prior_weight"] == 1.0
+    # the defaults of a 5-argument call: "match the 8x8 input" on, the default input guidance; the
+    # decodes differ from guidance 1's, and each is shown back-projected onto the 8x8 input
     out = client.predict(handle_file(files["astronaut"]), "centre square", K, EPS, False, api_name="/upscale")
     for mode, file in [("exact", out[5]), ("approx", out[8])]:
-        ref = decode(model, lr[None], options_for(mode, K, EPS)).images[0]
+        ref = decode(model, lr[None], options_for(mode, K, EPS, prior_weight=DEFAULT_PRIOR_WEIGHT)).images[0]
         assert (fetch(file) == match_input(ref, lr)).all() and not (ref == match_input(ref, lr)).all(), mode
-    assert out[-1]["match_input"] is True
+        assert not (ref == decode(model, lr[None], options_for(mode, K, EPS)).images[0]).all(), mode
+    assert out[-1]["match_input"] is True and out[-1]["prior_weight"] == DEFAULT_PRIOR_WEIGHT
 
 
 # ---------------------------------------------------------------- in a real browser

@@ -117,7 +117,7 @@ def test_smoke_exit_code_and_schema(smoke):
     for rec in r["records"]:
         assert list(rec) == list(ev.RECORD_FIELDS)
     kinds = [(x["method"], x["mode"], x["k"]) for x in r["records"]]
-    assert kinds == [("bicubic", "bicubic", None), ("greedy", "greedy", 1),
+    assert kinds == [("bicubic", "bicubic", None), ("nearest", "nearest", None), ("greedy", "greedy", 1),
                      ("greedy-uncached", "greedy-uncached", 1),
                      ("blockwise", "exact", 2), ("blockwise", "eps=2", 2),
                      ("blockwise", "exact", 4), ("blockwise", "eps=2", 4)]
@@ -128,7 +128,7 @@ def test_smoke_values(smoke):
     r = _strict(smoke[2])
     recs = {(x["mode"], x["k"]): x for x in r["records"]}
     for (mode, k), x in recs.items():
-        if mode == "bicubic":
+        if mode in ("bicubic", "nearest"):
             assert x["weights"] is None and x["psnr_vs_real"] > 0 and x["perceptual_vs_real"] >= 0
             continue
         assert x["weights"] == "tiny-random" and x["variant"] == "frozen"
@@ -215,6 +215,7 @@ def test_merge_runs_of_different_weights(smoke, tmp_path, capsys):
     m = _strict(out / "results.json")
     assert m["complete"] is True and m["data"] == r["data"] and "--merge" in m["command"]
     assert [x["method"] for x in m["records"]].count("bicubic") == 1
+    assert [x["method"] for x in m["records"]].count("nearest") == 1
     rows = [(x["weights"], x["mode"], x["k"]) for x in m["records"] if x["weights"]]
     assert rows == [(w, x["mode"], x["k"]) for w in ("tiny-random", "tiny-copy") for x in r["records"] if x["weights"]]
     assert [run["weights"] for run in m["runs"]] == [["tiny-random"], ["tiny-copy"]]
@@ -361,3 +362,32 @@ def test_store_keys_tell_rows_apart():
     assert a != store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr + 1)
     assert a != store.key("other", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr)
     assert a == store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr.copy())
+
+
+def test_prior_weight_run_is_exact_recorded_and_not_merged_with_others(smoke, tiny_weights, celeba_npz, tmp_path):
+    """--prior-weight: every decode at that input guidance (exact mode still equals greedy, the
+    replay still matches), recorded in the settings, command and report; greedy outputs differ
+    from the unguided run's; a merge with a run at another weight is refused."""
+    out = tmp_path / "w3"
+    assert _smoke_run(tiny_weights, celeba_npz, out, "--prior-weight", "3") == 0
+    r = _strict(out / "results.json")
+    assert r["settings"]["prior_weight"] == 3.0 and "--prior-weight 3" in r["command"]
+    assert r["summary"]["exact_all_identical"] and r["summary"]["replay_all_match"]
+    assert "prior weight 3" in (out / "report.md").read_text()
+    plain = _strict(smoke[2])
+    greedy_of = lambda x: next(rec for rec in x["records"] if rec["method"] == "greedy")
+    assert greedy_of(r)["psnr_vs_real"] != greedy_of(plain)["psnr_vs_real"]
+    old = copy.deepcopy(plain)
+    del old["settings"]["prior_weight"]  # a result from before the setting: weight 1
+    for w in old["weights"]:
+        w["name"] = "tiny-old"
+    for x in old["records"]:
+        if x["weights"]:
+            x["weights"] = "tiny-old"
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(r))
+    b.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="prior_weight is 1.0, not 3.0"):
+        ev.merge([str(a), str(b)], str(tmp_path / "merged"))
+    # a result from before the setting merges with a new one at weight 1
+    assert main(["evaluate", "--merge", str(smoke[2]), str(b), "--out", str(tmp_path / "m1")]) == 0

@@ -414,3 +414,38 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
         assert r["pair"] == t.pair and r["left_cond"] == t.left and r["rt_ms"] > 0
     with sqlite3.connect(study_copy / "ratings.sqlite") as con:
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_guided_conditions_decode_at_their_prior_weight(tiny_weights, celeba_npz, tmp_path):
+    """greedy:w=3 / eps=E:k=K:w=3: a condition decoded with input guidance, named so, recorded in
+    the manifest (only where the weight is not 1, so older studies keep their id), with images
+    the library gives at that weight, and Table 3 columns of its own without the paper's numbers."""
+    from sr_blockwise.checkpoints import load_model
+    from sr_blockwise.data import downsample_8, load_faces
+    from sr_blockwise.decoding import DecodeOptions, decode
+    conds, _ = rating.parse_conditions(["greedy", "greedy:w=3", "eps=2:k=4,6:w=2.5@x"])
+    assert [c.name for c in conds] == ["greedy@cpu-frozen", "greedy:w=3@cpu-frozen", "eps=2:k=4:w=2.5@x",
+                                       "eps=2:k=6:w=2.5@x"]
+    assert rating.Condition.from_name("eps=2:k=6:w=2.5@x") == conds[3]
+    assert conds[3].options() == DecodeOptions(k=6, rule="eps", eps=2, prior_weight=2.5)
+    with pytest.raises(StudyError, match="not a number"):
+        rating.parse_conditions(["greedy:w=1.2.3"])
+    folder = tmp_path / "guided"
+    rating.build_study(folder, [f"greedy@{tiny_weights}", f"greedy:w=3@{tiny_weights}"], data=celeba_npz,
+                       n_faces=2, n_practice=1, threads=1, progress=False, log=lambda *a: None)
+    st = rating.open_study(folder)
+    assert st.comparisons == [("greedy:w=3@tiny-random", "greedy@tiny-random")]
+    by_name = {c["name"]: c for c in st.manifest["settings"]["conditions"]}
+    assert "prior_weight" not in by_name["greedy@tiny-random"] and by_name["greedy:w=3@tiny-random"]["prior_weight"] == 3
+    model = load_model(tiny_weights)
+    ids = [f["input_id"] for f in st.manifest["settings"]["faces"]]
+    test = load_faces(celeba_npz, part="test")
+    lr = downsample_8(test.images[[list(test.ids).index(i) for i in ids]])
+    want = decode(model, lr, DecodeOptions(k=1, prior_weight=3.0)).images
+    np.testing.assert_array_equal(st.images["greedy:w=3@tiny-random"], want)
+    assert not np.array_equal(st.images["greedy@tiny-random"], want)
+    res = {"level": 0.9, "comparisons": [
+        {"a": "eps=2:k=6:w=2@m", "b": "greedy@m", "n": 10, "rate": 0.5, "ci": [0.3, 0.7]},
+        {"a": "eps=2:k=6@m", "b": "greedy@m", "n": 10, "rate": 0.6, "ci": [0.4, 0.8]}]}
+    table = rating.table3(res)
+    assert "eps=2:w=2" in table and "| 6 | — | 50.0 [30.0, 70.0] (n=10) | 56.8 | 60.0 [40.0, 80.0]" in table, table

@@ -252,3 +252,25 @@ def test_match_input_back_projects_each_output_onto_its_input(tmp_path, fast, rn
     assert main([str(src), "-o", str(tmp_path / "plain"), "--skip-existing", "--metrics", str(tmp_path / "p.json")]
                 + fast) == 0
     assert "3 outputs kept by --skip-existing were saved without --match-input" in capsys.readouterr().err
+
+
+def test_prior_weight_is_applied_recorded_and_checked_on_resume(tmp_path, fast, rng, capsys):
+    """--prior-weight reaches the decoder (other outputs than weight 1), the metrics record it
+    (the default when not given), and a resumed run with another weight warns."""
+    from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT
+    src = tmp_path / "in"
+    for i in range(2):
+        save(src / f"f{i}.png", tiny8(rng))
+    runs = {"w1": ["--prior-weight", "1"], "w4": ["--prior-weight", "4"], "default": []}
+    for name, extra in runs.items():
+        assert main([str(src), "-o", str(tmp_path / name), "--no-match-input", "--quiet",
+                     "--metrics", str(tmp_path / f"{name}.json")] + fast + extra) == 0
+    out = {name: [np.asarray(Image.open(tmp_path / name / f"f{i}.png")) for i in range(2)] for name in runs}
+    assert all(not np.array_equal(a, b) for a, b in zip(out["w1"], out["w4"]))
+    for name, w in (("w1", 1.0), ("w4", 4.0), ("default", DEFAULT_PRIOR_WEIGHT)):
+        doc = json.loads((tmp_path / f"{name}.json").read_text())
+        assert doc["settings"]["prior_weight"] == w and all(r["prior_weight"] == w for r in doc["images"])
+    capsys.readouterr()
+    assert main([str(src), "-o", str(tmp_path / "w4"), "--no-match-input", "--skip-existing",
+                 "--metrics", str(tmp_path / "w4.json")] + fast + ["--prior-weight", "1"]) == 0
+    assert "2 outputs kept by --skip-existing were decoded with another --prior-weight" in capsys.readouterr().err
