@@ -245,6 +245,8 @@ def test_browser(server, files, tmp_path):
             page.locator("#photo input[type=file]").set_input_files(files["astronaut"])
             expect(page.locator("#lr img")).to_be_visible(timeout=30_000)  # the 8x8 the model sees
             expect(page.locator("#note")).to_contain_text("512x512 photo: centre square", timeout=30_000)
+            # the input guidance slider starts at the library's default
+            expect(page.locator("#guidance input[type=number]")).to_have_value(f"{DEFAULT_PRIOR_WEIGHT:g}")
             page.get_by_label("detect face").check()  # crop to the face the cascade finds
             expect(page.locator("#note")).to_contain_text("detected face", timeout=30_000)
             page.locator("#go").click()
