@@ -83,7 +83,7 @@ def test_register_and_missing_weights():
     p = argparse.ArgumentParser()
     register(p.add_subparsers(dest="command"))
     args = p.parse_args(["demo", "--weights", "/nonexistent/weights.json", "--port", "7999"])
-    assert (args.host, args.port, args.share) == ("127.0.0.1", 7999, False)
+    assert (args.host, args.port, args.share, args.dtype) == ("127.0.0.1", 7999, False, "float32")
     with pytest.raises(ValueError, match="no weights"):  # the CLI prints it as a one-line error
         args.func(args)
 
