@@ -33,9 +33,10 @@ def main() -> None:
 
     def show(name, out, extra=""):
         s = scores(alex, real, out) | {"stlpips_vgg": vgg(real, out)}
-        log[name] = {k: v.tolist() for k, v in s.items()} | {"collapsed": collapsed(out, lr).tolist()}
+        c = collapsed(out, lr)
+        log[name] = {k: v.tolist() for k, v in s.items()} | {"collapsed": c.tolist()}
         print(f"{name:24s} ST-LPIPS alex {s['stlpips'].mean():.4f} vgg {s['stlpips_vgg'].mean():.4f}  "
-              f"SSIM {s['ssim'].mean():.4f}  PSNR {s['psnr'].mean():.2f}  collapsed {collapsed(out, lr).sum()}/{a.n}"
+              f"SSIM {s['ssim'].mean():.4f}  PSNR {s['psnr'].mean():.2f}  collapsed {c.sum()}/{a.n}"
               + extra, flush=True)
 
     show("bicubic", metrics.bicubic_baseline(lr)[0])

@@ -14,6 +14,8 @@ from sr_blockwise.decoding import decode, options_for
 from sr_blockwise.metrics import Perceptual, psnr, ssim
 
 MODES = ("greedy", "approx")  # approx: eps=2, k=6
+MEASURES = ("stlpips", "stlpips_vgg", "ssim", "psnr")  # those a score dict may hold, in print order
+LOWER_IS_BETTER = ("stlpips", "stlpips_vgg")
 
 
 def first_test_faces(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -38,10 +40,10 @@ def show(label: str, res: dict) -> None:
 
 def print_differences(mode: str, new: dict, old: dict, new_name: str, old_name: str) -> None:
     """Each measure's mean difference NEW - OLD, its standard error, and on how many faces NEW is better."""
-    for k in ("stlpips", "ssim", "psnr"):
-        d = new[k] - old[k]
+    for k in (k for k in MEASURES if k in new):
+        d = np.asarray(new[k]) - np.asarray(old[k])
         print(f"{mode:7s} {k:8s} {new_name} - {old_name}: mean {d.mean():+.4f}, std err {d.std(ddof=1) / np.sqrt(len(d)):.4f}, "
-              f"{new_name} better on {int((d < 0).sum() if k == 'stlpips' else (d > 0).sum())}/{len(d)} faces")
+              f"{new_name} better on {int((d < 0).sum() if k in LOWER_IS_BETTER else (d > 0).sum())}/{len(d)} faces")
 
 
 def main() -> None:

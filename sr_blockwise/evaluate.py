@@ -530,16 +530,14 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     G = min(cfg.grid_images, n, cfg.decode_exact or n, cfg.decode_approx or n)  # faces every row decodes
     samples = {"lr": lr[:G], "real": real[:G], "models": {}}
 
-    # bicubic: the no-model baseline row
-    bic, bic_s = metrics.bicubic_baseline(lr)
-    samples["bicubic"] = bic[:G]
-    records.append(new_record(method="bicubic", mode="bicubic", n_images=n, seconds_per_image=bic_s / n,
-                              timing="measured", **quality(real, None, bic, perceptual),
-                              notes=["Pillow bicubic resize of the 8x8 input to 32x32"]))
-    near, near_s = metrics.nearest_baseline(lr)
-    records.append(new_record(method="nearest", mode="nearest", n_images=n, seconds_per_image=near_s / n,
-                              timing="measured", **quality(real, None, near, perceptual),
-                              notes=["nearest-neighbour upscaling: each 8x8 input pixel as a 4x4 block"]))
+    # the no-model baseline rows (bicubic is also a grid column)
+    for method, upscale, note in (
+            ("bicubic", metrics.bicubic_baseline, "Pillow bicubic resize of the 8x8 input to 32x32"),
+            ("nearest", metrics.nearest_baseline, "nearest-neighbour upscaling: each 8x8 input pixel as a 4x4 block")):
+        out, secs = upscale(lr)
+        samples[method] = out[:G]
+        records.append(new_record(method=method, mode=method, n_images=n, seconds_per_image=secs / n,
+                                  timing="measured", **quality(real, None, out, perceptual), notes=[note]))
 
     # the work list, for one progress bar over all decodes
     plan = []

@@ -850,7 +850,7 @@ def _cell(c) -> str:
 def table3(res: dict) -> str:
     """Table 3's layout: one row per k, columns exact / eps=E, the paper's number beside ours.
     Rows are comparisons of a k>1 condition (A) against k=1 greedy (B)."""
-    cols, rows = {}, {}
+    cols, rows = {}, {}  # cols: column key -> the paper's numbers apply (neither side guided)
     for c in res["comparisons"]:
         try:
             a, b = Condition.from_name(c["a"]), Condition.from_name(c["b"])
@@ -861,7 +861,7 @@ def table3(res: dict) -> str:
         # guided conditions get their own columns, without the paper's numbers (it had no guidance)
         guided = lambda c: "" if c.prior_weight == 1 else f":w={c.prior_weight:g}"
         key = (a.mode + guided(a), a.weights, b.weights + guided(b))
-        cols.setdefault(key, None)
+        cols.setdefault(key, a.prior_weight == 1 and b.prior_weight == 1)
         rows.setdefault(a.k, {})[key] = c
     if not cols:
         return "(no comparison of a k>1 condition against greedy in this study)\n"
@@ -875,7 +875,7 @@ def table3(res: dict) -> str:
     for k in sorted(rows):
         cells = [str(k)]
         for key in cols:
-            paper = None if ":w=" in key[0] + key[2] else PAPER_TABLE3.get(key[0], {}).get(k)
+            paper = PAPER_TABLE3.get(key[0], {}).get(k) if cols[key] else None
             cells.append("—" if paper is None else f"{paper:.1f}")
             cells.append(_cell(rows[k][key]) if key in rows[k] else "—")
         out.append("| " + " | ".join(cells) + " |")

@@ -520,19 +520,22 @@ def run(cfg: Config) -> int:
                                           "prior_weight", "match_input")}
     for j in done_before:
         metrics.add({"input": str(j.src), "output": str(j.out), "status": "skipped"})
-    # a resumed run that matches differently would leave its outputs unlike each other: say so. A
-    # CSV row holds "True" / "False", a JSON row a bool; rows of runs before match_input existed
+    # a resumed run whose settings differ would leave its outputs unlike each other: say so
+    def kept_unlike(key, read, now):
+        """Outputs kept by --skip-existing whose earlier row recorded another value of `key`."""
+        return [j for j in done_before if str(j.src) in metrics.previous
+                and read(metrics.previous[str(j.src)].get(key)) != now]
+
+    # a CSV row holds "True" / "False", a JSON row a bool; rows of runs before match_input existed
     # have none (or "" in a CSV): those outputs were not matched
-    unlike = [j for j in done_before if str(j.src) in metrics.previous
-              and str(metrics.previous[str(j.src)].get("match_input") or False) != str(cfg.match_input)]
+    unlike = kept_unlike("match_input", lambda v: str(v or False), str(cfg.match_input))
     if unlike:
         print(f"warning: {len(unlike)} outputs kept by --skip-existing were saved "
               f"{'without' if cfg.match_input else 'with'} --match-input (e.g. {unlike[0].out}); the new ones "
               f"are {'' if cfg.match_input else 'not '}matched. Rerun those without --skip-existing, or pass "
               f"--{'no-' if cfg.match_input else ''}match-input, to keep them alike", file=sys.stderr)
     # likewise the input guidance; rows of runs before it existed were decoded at weight 1
-    unlike = [j for j in done_before if str(j.src) in metrics.previous
-              and float(metrics.previous[str(j.src)].get("prior_weight") or 1) != prior_weight]
+    unlike = kept_unlike("prior_weight", lambda v: float(v or 1), prior_weight)
     if unlike:
         print(f"warning: {len(unlike)} outputs kept by --skip-existing were decoded with another "
               f"--prior-weight (e.g. {unlike[0].out}); the new ones use {prior_weight:g}. Rerun those without "

@@ -195,18 +195,24 @@ def test_smoke_files(smoke):
                 assert "= greedy" not in line and f"| {x['psnr_vs_real']:.2f} |" in line
 
 
+def _as_made_by(result: dict, name: str) -> dict:
+    """A copy of an evaluate result whose weights rows are named `name`."""
+    other = copy.deepcopy(result)
+    for w in other["weights"]:
+        w["name"] = name
+    for x in other["records"]:
+        if x["weights"]:
+            x["weights"] = name
+    return other
+
+
 def test_merge_runs_of_different_weights(smoke, tmp_path, capsys):
     """A run per weights, merged: one table with every weights' rows and bicubic once, each run's
     command and machine listed; other faces, other settings, the same faces of a weights twice or
     an unfinished run are refused with the reason and nothing is written."""
     r = _strict(smoke[2])
-    other = copy.deepcopy(r)  # the same run, as if a second weights had made it
+    other = _as_made_by(r, "tiny-copy")  # the same run, as if a second weights had made it
     other["command"] = r["command"].replace("tiny-random", "tiny-copy")
-    for w in other["weights"]:
-        w["name"] = "tiny-copy"
-    for x in other["records"]:
-        if x["weights"]:
-            x["weights"] = "tiny-copy"
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(r))
     b.write_text(json.dumps(other))
@@ -377,13 +383,8 @@ def test_prior_weight_run_is_exact_recorded_and_not_merged_with_others(smoke, ti
     plain = _strict(smoke[2])
     greedy_of = lambda x: next(rec for rec in x["records"] if rec["method"] == "greedy")
     assert greedy_of(r)["psnr_vs_real"] != greedy_of(plain)["psnr_vs_real"]
-    old = copy.deepcopy(plain)
+    old = _as_made_by(plain, "tiny-old")
     del old["settings"]["prior_weight"]  # a result from before the setting: weight 1
-    for w in old["weights"]:
-        w["name"] = "tiny-old"
-    for x in old["records"]:
-        if x["weights"]:
-            x["weights"] = "tiny-old"
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(r))
     b.write_text(json.dumps(old))
