@@ -109,15 +109,26 @@ class Frame:
     seconds: float
 
 
+# Decoding one image from a thread other than the main one, 2 OpenMP threads ran 2x slower than 1
+# on this 2-core machine (the worker's team and the main thread's idle one outnumber the cores, and
+# libgomp then sleeps between parallel regions instead of spinning): the demo's decodes took twice
+# the library's time. One thread: as fast as the library on the main thread within ~10%
+# (results/demo_latency.py, log in results/s24-demo).
+DECODE_THREADS = 1
+
+
 class Cancelled(Exception):
     pass
 
 
 def decode_live(model, lr, opts, progress_every: int = 8, min_interval: float = 0.1,
-                time_limit: float | None = None):
+                time_limit: float | None = None, threads: int = DECODE_THREADS):
     """Decode one 8x8 input in a worker thread; yield Frames (at most one per min_interval
     seconds, always the newest) and finally the DecodeResult. Closing the generator (the user
-    left) or passing time_limit stops the worker at its next progress call."""
+    left) or passing time_limit stops the worker at its next progress call. threads: torch's
+    intra-op threads while the worker decodes (0: leave torch's setting alone)."""
+    import torch
+
     from sr_blockwise.decoding import DecodeResult, decode
 
     q: queue.Queue = queue.Queue()
@@ -130,10 +141,15 @@ def decode_live(model, lr, opts, progress_every: int = 8, min_interval: float = 
         q.put(Frame(tokens[0], int(done[0]), bmap[0], int(calls), time.perf_counter() - t0))
 
     def work():
+        before = torch.get_num_threads()
         try:
+            if threads:  # torch's thread count is process-wide: set it back afterwards
+                torch.set_num_threads(threads)
             q.put(decode(model, lr[None], opts, progress=progress, progress_every=progress_every))
         except BaseException as e:  # handed to the consumer, which raises it
             q.put(e)
+        finally:
+            torch.set_num_threads(before)
 
     threading.Thread(target=work, name="sr-blockwise-decode", daemon=True).start()
     last = 0.0
@@ -256,7 +272,8 @@ MAP_HELP = """Block maps colour each pixel by the length of the blocks its inten
 
 
 def build_app(model, weights_name: str, examples: list | None = None, celeba: list | None = None,
-              progress_every: int = 8, time_limit: float | None = 300.0, example_dir: str | None = None):
+              progress_every: int = 8, time_limit: float | None = 300.0, example_dir: str | None = None,
+              decode_threads: int = DECODE_THREADS):
     """The Gradio Blocks for a loaded model. examples / celeba: lists of apps.examples.Example."""
     import tempfile
 
@@ -368,7 +385,8 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                 opts = options_for(mode, k_val, eps_val, prior_weight=prior_w)
                 img, bmap, md = outs[mode]
                 try:
-                    for item in decode_live(model, p.lr, opts, progress_every, time_limit=time_limit):
+                    for item in decode_live(model, p.lr, opts, progress_every, time_limit=time_limit,
+                                            threads=decode_threads):
                         if isinstance(item, Frame):
                             yield {img: partial_image(item.tokens, item.done),
                                    bmap: block_map_image(item.block_map, item.done, opts.k),
@@ -438,8 +456,6 @@ def cmd_demo(args) -> int:
 
     from .examples import builtin_examples, celeba_examples
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     name = args.weights or default_weights()
     try:
         model = load_model(name, dtype=getattr(torch, args.dtype))
@@ -452,7 +468,8 @@ def cmd_demo(args) -> int:
     celeba = [] if args.no_celeba else celeba_examples(data)
     if args.data and not celeba:
         print(f"sr-blockwise demo: no CelebA faces at {args.data}; showing built-in examples only")
-    demo = build_app(model, Path(str(name)).stem, builtin_examples(), celeba, time_limit=args.time_limit)
+    demo = build_app(model, Path(str(name)).stem, builtin_examples(), celeba, time_limit=args.time_limit,
+                     decode_threads=args.threads)
     print(f"sr-blockwise demo: weights {name}, {len(celeba)} held-out CelebA examples; "
           f"serving on http://{args.host}:{args.port}")
     launch(demo, args.host, args.port, args.share, args.max_queue)
@@ -473,7 +490,10 @@ def register(subparsers) -> None:
     d.add_argument("--no-celeba", action="store_true", help="offer the built-in examples only")
     d.add_argument("--max-queue", type=int, default=16, help="waiting requests beyond this are refused")
     d.add_argument("--time-limit", type=float, default=300.0, help="seconds one decode may take")
-    d.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    d.add_argument("--threads", type=int, default=DECODE_THREADS,
+                   help="torch CPU threads a decode runs with (0: torch's default). 1 by default: the demo "
+                        "decodes one image at a time in a worker thread, where 2 threads ran 2x slower than "
+                        "1 on a 2-core machine (results/s24-demo/demo_latency.log)")
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="decoding dtype. float32 by default: the demo decodes one image at a time, and at "
                         "batch 1 a bf16 matrix product costs a fixed ~35 us whatever its size (fp32: 10-17 "

@@ -56,10 +56,12 @@ def _copy_for(model_fp32: ImageTransformerSR, dtype) -> ImageTransformerSR:
 
 
 def decode_table(model: ImageTransformerSR, lr: np.ndarray, ks=(2, 4, 6, 8, 10),
-                 modes=("exact", "eps=2", "oracle")) -> list[dict]:
-    """Seconds per image for greedy and each (k, mode), batch as given; speedup vs greedy."""
-    decode(model, lr[:1], DecodeOptions(k=2, rule="oracle"))  # warm-up, untimed
-    g = decode(model, lr, DecodeOptions(k=1))
+                 modes=("exact", "eps=2", "oracle"), prior_weight: float = 1.0) -> list[dict]:
+    """Seconds per image for greedy and each (k, mode), batch as given; speedup vs greedy.
+    prior_weight: input guidance (DecodeOptions.prior_weight), the same for every row."""
+    w = prior_weight
+    decode(model, lr[:1], DecodeOptions(k=2, rule="oracle", prior_weight=w))  # warm-up, untimed
+    g = decode(model, lr, DecodeOptions(k=1, prior_weight=w))
     g_s = g.seconds / len(lr)
     rows = [{"mode": "greedy", "k": 1, "s_per_image": g_s, "calls": g.stats[0].calls,
              "mean_block": 1.0, "speedup": 1.0, "ideal": 1.0}]
@@ -68,11 +70,11 @@ def decode_table(model: ImageTransformerSR, lr: np.ndarray, ks=(2, 4, 6, 8, 10),
             continue
         for mode in modes:
             if mode == "exact":
-                opts = DecodeOptions(k=k)
+                opts = DecodeOptions(k=k, prior_weight=w)
             elif mode == "oracle":
-                opts = DecodeOptions(k=k, rule="oracle")
+                opts = DecodeOptions(k=k, rule="oracle", prior_weight=w)
             else:
-                opts = DecodeOptions(k=k, rule="eps", eps=int(mode.split("=")[1]))
+                opts = DecodeOptions(k=k, rule="eps", eps=int(mode.split("=")[1]), prior_weight=w)
             r = decode(model, lr, opts)
             mb = float(np.mean([s.mean_block for s in r.stats]))
             s = r.seconds / len(lr)
@@ -96,9 +98,13 @@ def print_table(rows: list[dict], cols: list[str]) -> str:
     return text
 
 
-def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | None, ks, data=None) -> dict:
+def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | None, ks, data=None,
+        prior_weight: float | None = None, dtype: str = "bfloat16") -> dict:
+    """prior_weight None: the apps' default (decoding.DEFAULT_PRIOR_WEIGHT) where the model has the
+    input prior, else 1. dtype: of the decoding table (the call-cost table times both)."""
     from .checkpoints import load_model
     from .data import downsample_8, load_faces
+    from .decoding import DEFAULT_PRIOR_WEIGHT
 
     if weights:
         fp32 = load_model(weights, dtype=torch.float32, for_inference=False)
@@ -107,7 +113,9 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         torch.manual_seed(0)
         fp32 = ImageTransformerSR(preset("cpu"))
         label = "cpu preset, random weights"
-    print(f"# bench-decode: {label}; {machine()}")
+    if prior_weight is None:
+        prior_weight = DEFAULT_PRIOR_WEIGHT if fp32.lr_prior is not None else 1.0
+    print(f"# bench-decode: {label}; {machine()}; input guidance (prior weight) {prior_weight:g}")
     print("\n## Cost of one model call vs tokens verified (batch 1, median of", reps, "calls)")
     calls = call_cost_table(fp32, max_k=max(ks), reps=reps)
     calls_md = print_table(calls, ["dtype", "tokens", "ms", "vs_1_token"])
@@ -116,11 +124,11 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         lr = downsample_8(faces.images[:n_images])
     except (FileNotFoundError, ValueError):
         lr = np.random.default_rng(0).integers(0, 256, (n_images, 8, 8, 3), dtype=np.uint8)
-    model = _copy_for(fp32, torch.bfloat16)
-    print(f"\n## Seconds per image, bf16, {len(lr)} held-out faces, batch {batch}")
+    model = _copy_for(fp32, getattr(torch, dtype))
+    print(f"\n## Seconds per image, {dtype}, {len(lr)} held-out faces, batch {batch}")
     rows = []
     for i in range(0, len(lr), batch):
-        rows.append(decode_table(model, lr[i : i + batch], ks))
+        rows.append(decode_table(model, lr[i : i + batch], ks, prior_weight=prior_weight))
     merged = []  # average over the batches
     for j, r in enumerate(rows[0]):
         m = dict(r)
@@ -130,7 +138,8 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         merged.append(m)
     dec_md = print_table(merged, ["mode", "k", "s_per_image", "calls", "mean_block", "speedup", "of_ideal"])
     result = {"weights": label, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
-              "call_cost": calls, "decode": merged, "batch": batch, "images": int(len(lr))}
+              "call_cost": calls, "decode": merged, "batch": batch, "images": int(len(lr)),
+              "prior_weight": prior_weight, "dtype": dtype}
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=1))

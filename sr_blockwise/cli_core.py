@@ -96,7 +96,7 @@ def cmd_bench(a):
     from .bench import run
 
     ks = [int(k) for k in a.k.split(",")]
-    run(a.weights, a.images, a.batch_size, a.reps, a.json, ks, a.data)
+    run(a.weights, a.images, a.batch_size, a.reps, a.json, ks, a.data, a.prior_weight, a.dtype)
     return 0
 
 
@@ -194,6 +194,12 @@ def register(sub):
     p.add_argument("--k", default="2,4,6,8,10")
     p.add_argument("--data", default=None)
     p.add_argument("--json", default="results/bench_decode.json")
+    p.add_argument("--prior-weight", type=float, default=None,
+                   help="input guidance for every decode (default: the apps' default, 2, where the model "
+                        "has the input prior; else 1)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="dtype of the seconds-per-image table (at batch 1, float32 decoded faster here: "
+                        "results/s23-guidance/compile_batch1.log)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("learning-curve", help="plot bits/dim from training runs' logs")

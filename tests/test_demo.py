@@ -150,6 +150,26 @@ def test_compare_modes():
     assert stats["exact"]["identical_to_greedy"] and stats["approx"]["speedup_wall"] == 4.0
 
 
+def test_decode_live_decodes_at_its_thread_count_and_restores_torchs(model, monkeypatch):
+    """The worker decodes with `threads` torch threads (1 by default: 2 ran 2x slower from a worker
+    thread here) and sets the process-wide count back; the output is the library's."""
+    import torch
+
+    import sr_blockwise.decoding as decoding
+    seen = []
+    real = decoding.decode
+    monkeypatch.setattr(decoding, "decode", lambda *a, **kw: seen.append(torch.get_num_threads()) or real(*a, **kw))
+    lr = image_to_input(Image.fromarray(skimage_astronaut()))[0]
+    before = torch.get_num_threads()
+    *_, res = decode_live(model, lr, options_for("approx", K, EPS), progress_every=64)
+    assert seen == [1] and torch.get_num_threads() == before
+    assert (res.images == real(model, lr[None], options_for("approx", K, EPS)).images).all()
+    torch.set_num_threads(2)
+    *_, res = decode_live(model, lr, options_for("approx", K, EPS), progress_every=64, threads=0)
+    assert seen == [1, 2] and torch.get_num_threads() == 2  # 0: torch's own setting, untouched
+    torch.set_num_threads(before)
+
+
 def test_decode_live_stops(model):
     import threading
     import time
