@@ -41,7 +41,8 @@ def free_port() -> int:
 def model(tiny_weights):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine is shared: one thread decodes the tiny model fastest
-    yield load_model(os.environ.get("SR_BLOCKWISE_DEMO_WEIGHTS", tiny_weights))
+    shipped = os.environ.get("SR_BLOCKWISE_DEMO_WEIGHTS")  # the screenshot: as `sr-blockwise demo` loads them
+    yield load_model(shipped, dtype=torch.float32) if shipped else load_model(tiny_weights)
     torch.set_num_threads(threads)
 
 
