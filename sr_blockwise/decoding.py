@@ -338,6 +338,28 @@ def greedy_uncached(model: ImageTransformerSR, lr, max_tokens: int = SEQ_LEN,
     return tgt[:, :max_tokens].cpu().numpy(), time.perf_counter() - t0
 
 
+def compile_for_decoding(model: ImageTransformerSR) -> ImageTransformerSR:
+    """torch.compile (inductor, static shapes) the per-call pieces `decode` runs: model.step,
+    model.logits and model.draft_heads. Opt-in (`sr-blockwise demo --compile`): on the demo's path
+    (batch 1, one thread) greedy, exact and eps=2 at k=6 all decoded 1.8x faster
+    (results/compile_demo.py, log in results/s24-demo), but every new call shape compiles first
+    (~30 s more for the first decodes, more for each new k or batch size), so it pays off in a
+    long-running server at batch 1, not in one batch job.
+
+    float32 only: in bf16 compiled exact mode did not equal greedy (results/s23-guidance/
+    compile_batch1.log). In float32 exact mode equalled greedy, and compiled greedy eager greedy,
+    wherever measured (a random model in tests/test_decoding.py, shipped weights on 3 held-out
+    faces), but unlike eager decoding this is measured, not guaranteed by construction: fused
+    kernels may round a k-token call differently from a 1-token one."""
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        raise ValueError(f"compiled decoding is float32 only (this model is {str(dtype)[6:]}): in bf16, "
+                         "compiled exact mode did not equal greedy decoding")
+    for name in ("step", "logits", "draft_heads"):
+        setattr(model, name, torch.compile(getattr(model, name), dynamic=False))
+    return model
+
+
 MODES = ("greedy", "exact", "approx", "sample")
 # the prior weight the apps (upscale, demo) decode with unless told otherwise: measured on 96
 # held-out faces in results/s23-guidance (README, "Session 23")

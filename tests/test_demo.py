@@ -80,12 +80,15 @@ def test_import_is_light():
     assert out.stdout.split() == ["False", "False"]
 
 
-def test_register_and_missing_weights():
+def test_register_and_missing_weights(tiny_weights):
     p = argparse.ArgumentParser()
     register(p.add_subparsers(dest="command"))
     args = p.parse_args(["demo", "--weights", "/nonexistent/weights.json", "--port", "7999"])
     assert (args.host, args.port, args.share, args.dtype) == ("127.0.0.1", 7999, False, "float32")
     with pytest.raises(ValueError, match="no weights"):  # the CLI prints it as a one-line error
+        args.func(args)
+    args = p.parse_args(["demo", "--weights", str(tiny_weights), "--dtype", "bfloat16", "--compile"])
+    with pytest.raises(ValueError, match="float32 only"):  # refused before any server starts
         args.func(args)
 
 
