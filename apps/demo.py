@@ -109,12 +109,20 @@ class Frame:
     seconds: float
 
 
-# Decoding one image from a thread other than the main one, 2 OpenMP threads ran 2x slower than 1
-# on this 2-core machine (the worker's team and the main thread's idle one outnumber the cores, and
-# libgomp then sleeps between parallel regions instead of spinning): the demo's decodes took twice
-# the library's time. One thread: as fast as the library on the main thread within ~10%
-# (results/demo_latency.py, log in results/s24-demo).
+# The demo decodes in worker threads, and there 2 torch (OpenMP) threads ran 1.8x slower than 1 on
+# a 2-core machine, while on the main thread the two were about as fast (results/demo_latency.py,
+# log in results/s24-demo; our guess at the cause: the worker's thread team and the main thread's
+# idle one outnumber the cores, and libgomp stops spinning between parallel regions). So
+# `sr-blockwise demo` sets 1 thread at start-up (--threads): torch.set_num_threads sets the calling
+# thread's count and the count every thread started later begins with, so every worker gets it.
 DECODE_THREADS = 1
+
+
+def page_defaults(model) -> tuple[int, int, float]:
+    """The page's starting k, eps and input guidance for this model (the --compile warm-up
+    decodes with them too): guidance 1 for weights without the learned input prior."""
+    from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT
+    return min(6, model.cfg.n_blockwise), 2, DEFAULT_PRIOR_WEIGHT if model.lr_prior is not None else 1.0
 
 
 class Cancelled(Exception):
@@ -122,13 +130,10 @@ class Cancelled(Exception):
 
 
 def decode_live(model, lr, opts, progress_every: int = 8, min_interval: float = 0.1,
-                time_limit: float | None = None, threads: int = DECODE_THREADS):
+                time_limit: float | None = None):
     """Decode one 8x8 input in a worker thread; yield Frames (at most one per min_interval
     seconds, always the newest) and finally the DecodeResult. Closing the generator (the user
-    left) or passing time_limit stops the worker at its next progress call. threads: torch's
-    intra-op threads while the worker decodes (0: leave torch's setting alone)."""
-    import torch
-
+    left) or passing time_limit stops the worker at its next progress call."""
     from sr_blockwise.decoding import DecodeResult, decode
 
     q: queue.Queue = queue.Queue()
@@ -141,15 +146,10 @@ def decode_live(model, lr, opts, progress_every: int = 8, min_interval: float = 
         q.put(Frame(tokens[0], int(done[0]), bmap[0], int(calls), time.perf_counter() - t0))
 
     def work():
-        before = torch.get_num_threads()
         try:
-            if threads:  # torch's thread count is process-wide: set it back afterwards
-                torch.set_num_threads(threads)
             q.put(decode(model, lr[None], opts, progress=progress, progress_every=progress_every))
         except BaseException as e:  # handed to the consumer, which raises it
             q.put(e)
-        finally:
-            torch.set_num_threads(before)
 
     threading.Thread(target=work, name="sr-blockwise-decode", daemon=True).start()
     last = 0.0
@@ -272,18 +272,18 @@ MAP_HELP = """Block maps colour each pixel by the length of the blocks its inten
 
 
 def build_app(model, weights_name: str, examples: list | None = None, celeba: list | None = None,
-              progress_every: int = 8, time_limit: float | None = 300.0, example_dir: str | None = None,
-              decode_threads: int = DECODE_THREADS):
+              progress_every: int = 8, time_limit: float | None = 300.0, example_dir: str | None = None):
     """The Gradio Blocks for a loaded model. examples / celeba: lists of apps.examples.Example."""
     import tempfile
 
     import gradio as gr
 
-    from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT, options_for
+    from sr_blockwise.decoding import options_for
 
     from .examples import write_examples
 
     K = model.cfg.n_blockwise
+    k0, eps0, w0 = page_defaults(model)
     examples, celeba = examples or [], celeba or []
     example_dir = example_dir or tempfile.mkdtemp(prefix="sr-blockwise-demo-")
     ex_paths = write_examples(examples, Path(example_dir) / "builtin")
@@ -330,9 +330,9 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                 crop = gr.Radio(list(CROPS), value=CROPS[0], label="Crop larger photos to",
                                 info="the model saw CelebA-framed faces in training")
         with gr.Row():
-            k = gr.Slider(1, K, value=min(6, K), step=1, label="k: block size",
+            k = gr.Slider(1, K, value=k0, step=1, label="k: block size",
                           info=f"intensities proposed per model call (1 = greedy; this model has {K} heads)")
-            eps = gr.Slider(0, 32, value=2, step=1, label="eps: tolerance (approximate mode)",
+            eps = gr.Slider(0, 32, value=eps0, step=1, label="eps: tolerance (approximate mode)",
                             info="accept a proposal within eps intensity levels of the model's own choice")
             with_greedy = gr.Checkbox(False, label="also run greedy",
                                       info="3,072 model calls: slow, but measures the wall-clock speedup")
@@ -340,7 +340,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                                 info="shift each 4x4 block's colour so that it averages to its input pixel "
                                      "(back-projection): fixes colour drift and collapsed patches; "
                                      "off: the decoder's own output")
-            guidance = gr.Slider(0, 8, value=DEFAULT_PRIOR_WEIGHT, step=0.5, label="input guidance",
+            guidance = gr.Slider(0, 8, value=w0, step=0.5, label="input guidance",
                                  elem_id="guidance",
                                  info="weight of the model's learned pull toward the 8x8 input's own "
                                       "colours (1: as trained; higher: closer to the input, longer "
@@ -366,7 +366,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         all_outputs = [lr_img, real_img, note, bicubic_img, status,
                        *[c for m in outs for c in outs[m]], stats_json]
 
-        def upscale(path, crop_how, k_val, eps_val, greedy_too, match_8x8=True, prior_w=DEFAULT_PRIOR_WEIGHT):
+        def upscale(path, crop_how, k_val, eps_val, greedy_too, match_8x8=True, prior_w=w0):
             p = user_input(path, crop_how)
             k_val, eps_val, prior_w = int(k_val), int(eps_val), float(prior_w)
             modes = ["exact", "approx"] + (["greedy"] if greedy_too else [])
@@ -385,8 +385,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                 opts = options_for(mode, k_val, eps_val, prior_weight=prior_w)
                 img, bmap, md = outs[mode]
                 try:
-                    for item in decode_live(model, p.lr, opts, progress_every, time_limit=time_limit,
-                                            threads=decode_threads):
+                    for item in decode_live(model, p.lr, opts, progress_every, time_limit=time_limit):
                         if isinstance(item, Frame):
                             yield {img: partial_image(item.tokens, item.done),
                                    bmap: block_map_image(item.block_map, item.done, opts.k),
@@ -462,22 +461,25 @@ def cmd_demo(args) -> int:
     except WeightsError as e:  # the CLI prints ValueErrors as one line
         raise WeightsError(f"{e}. Pass --weights with a weights name, a .json path or a training "
                            "checkpoint .pt") from None
+    if args.threads:  # before any worker thread starts: each begins with this count (DECODE_THREADS)
+        torch.set_num_threads(args.threads)
     if args.compile:
         import numpy as np
 
-        from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT, compile_for_decoding, decode, options_for
+        from sr_blockwise.decoding import compile_for_decoding, decode, options_for
         compile_for_decoding(model)  # refuses bf16 with its reason
-        print("sr-blockwise demo: compiling the decoder with a warm-up decode at k=6 (about 30 s; "
-              "other k values compile when first used)")
-        decode(model, np.zeros((1, 8, 8, 3), np.uint8), options_for("approx", 6, 2, prior_weight=DEFAULT_PRIOR_WEIGHT))
+        k0, eps0, w0 = page_defaults(model)
+        print(f"sr-blockwise demo: compiling the decoder: warm-up decodes at the page's defaults (k={k0}, "
+              f"guidance {w0:g}; about 30 s). Other k values compile when first used (10-40 s each).")
+        for mode in ("greedy", "approx"):  # exact makes approx's calls
+            decode(model, np.zeros((1, 8, 8, 3), np.uint8), options_for(mode, k0, eps0, prior_weight=w0))
     data = args.data or DEFAULT_DATA / "celeba32.npz"
     if not args.no_celeba and Path(data).exists():
         print(f"sr-blockwise demo: reading held-out CelebA faces from {data}")
     celeba = [] if args.no_celeba else celeba_examples(data)
     if args.data and not celeba:
         print(f"sr-blockwise demo: no CelebA faces at {args.data}; showing built-in examples only")
-    demo = build_app(model, Path(str(name)).stem, builtin_examples(), celeba, time_limit=args.time_limit,
-                     decode_threads=args.threads)
+    demo = build_app(model, Path(str(name)).stem, builtin_examples(), celeba, time_limit=args.time_limit)
     print(f"sr-blockwise demo: weights {name}, {len(celeba)} held-out CelebA examples; "
           f"serving on http://{args.host}:{args.port}")
     launch(demo, args.host, args.port, args.share, args.max_queue)
@@ -508,7 +510,8 @@ def register(subparsers) -> None:
                         "us): greedy and eps=2 decoded 1.25x faster in fp32 here, exact mode as fast "
                         "(results/s23-guidance/compile_batch1.log)")
     d.add_argument("--compile", action="store_true",
-                   help="torch.compile the decoder (float32 only): every mode decoded 1.8x faster here "
+                   help="torch.compile the decoder (float32 only): every mode decoded 1.6-1.8x faster here "
                         "(results/s24-demo/compile_demo.log), after ~30 s of compiling at start-up and "
-                        "more for each new k (sr_blockwise.decoding.compile_for_decoding)")
+                        "10-40 s more the first time each other k is used (sr_blockwise.decoding."
+                        "compile_for_decoding)")
     d.set_defaults(func=cmd_demo)

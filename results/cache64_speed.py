@@ -2,8 +2,8 @@
 # image's window read as a slice): run once on each version of sr_blockwise (git stash / checkout),
 # alternating, and compare within the pair. Shipped weights, guidance 2, 2 threads, test faces 1-8.
 #   .venv/bin/python results/cache64_speed.py LABEL      (session 24: results/s24-demo/cache64_speed.log)
-# Result: 3-8% faster (within the machine's noise on exact mode) for 4x the KV memory (29 MB per
-# image): reverted, not shipped. The patch was: KVCache in float64, the .double() at the cache write,
+# Result, means of the two pairs: 0-9% faster except exact mode (5% slower), within the machine's
+# noise, for 2-4x the KV memory (29 MB per image): reverted, not shipped. The patch was: KVCache in float64, the .double() at the cache write,
 # and kw/vw sliced when B == 1.
 import sys, torch
 from sr_blockwise.checkpoints import load_model

@@ -4,8 +4,12 @@
 # each with the decode at 2 torch threads and at 1. Exact and approximate (eps=2, k=6), input
 # guidance 2, float32 (the demo's dtype).
 #   .venv/bin/python results/demo_latency.py [--repeats 2]
-# Session 24: results/s24-demo/demo_latency.log; demo_latency_before.log is the first version's run
-# (worker at torch's default 2 threads, live frames on and off: frames cost little).
+#   .venv/bin/python results/demo_latency.py --compile --threads 1 --server-only   (the demo's --compile)
+# Session 24: results/s24-demo/demo_latency.log (made by the version of commit 70b24ef, which set the
+# count inside each decode worker; now it is set on the main thread, which every thread started
+# later begins with, as `sr-blockwise demo` does), demo_latency_compile.log (--compile), and
+# demo_latency_before.log: the first version's run (worker at torch's default 2 threads, live
+# frames every 8 calls against none: ~3% in-process, 10-15% through the server).
 import argparse, os, socket, time
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False"); os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np, torch
@@ -13,14 +17,23 @@ from PIL import Image
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
 from sr_blockwise.decoding import decode, options_for
-from apps.demo import build_app, decode_live, launch
+from apps.demo import build_app, decode_live, launch, page_defaults
+from sr_blockwise.decoding import compile_for_decoding
 
 p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=2)
 p.add_argument("--threads", default="2,1", help="torch threads of the decode to compare")
+p.add_argument("--compile", action="store_true", help="compile the decoder as `demo --compile` does")
+p.add_argument("--server-only", action="store_true")
 a = p.parse_args()
-torch.set_num_threads(2)
+THREADS = [int(n) for n in a.threads.split(",")]
 model = load_model("cpu-finetuned", dtype=torch.float32)
+if a.compile:  # and warm up as cmd_demo does, at the decode's thread count
+    torch.set_num_threads(THREADS[-1])
+    compile_for_decoding(model)
+    k0, eps0, w0 = page_defaults(model)
+    for mode in ("greedy", "approx"):
+        decode(model, np.zeros((1, 8, 8, 3), np.uint8), options_for(mode, k0, eps0, prior_weight=w0))
 face = load_faces(part="test").images[1]
 lr = downsample_8(face[None])[0]
 path = "/tmp/demo_latency_face.png"
@@ -28,24 +41,24 @@ Image.fromarray(face).save(path)
 W, K, EPS = 2.0, 6, 2
 rows = []
 decode(model, lr[None], options_for("approx", K, EPS, prior_weight=W))  # warm-up
-THREADS = [int(n) for n in a.threads.split(",")]
-for rep in range(a.repeats):
+for rep in range(0 if a.server_only else a.repeats):
     for mode in ("exact", "approx"):
         o = options_for(mode, K, EPS, prior_weight=W)
         for n in THREADS:
             torch.set_num_threads(n)
             rows.append(("library (main thread)", mode, n, decode(model, lr[None], o).seconds))
-        torch.set_num_threads(2)
         for n in THREADS:
+            torch.set_num_threads(n)  # the worker thread decode_live starts begins with n
             t0 = time.perf_counter()
-            for item in decode_live(model, lr, o, 8, threads=n):
+            for item in decode_live(model, lr, o, 8):
                 pass
             rows.append(("decode_live (worker thread)", mode, n, time.perf_counter() - t0))
 
 from gradio_client import Client, handle_file
 for n in THREADS:
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    demo = build_app(model, "cpu-finetuned", decode_threads=n)
+    torch.set_num_threads(n)  # before the server's threads start, as `sr-blockwise demo --threads` does
+    demo = build_app(model, "cpu-finetuned")
     launch(demo, port=port, prevent_thread_lock=True, quiet=True)
     client = Client(f"http://127.0.0.1:{port}/", verbose=False, analytics_enabled=False, download_files=False)
     for rep in range(a.repeats + 1):

@@ -341,13 +341,14 @@ def greedy_uncached(model: ImageTransformerSR, lr, max_tokens: int = SEQ_LEN,
 def compile_for_decoding(model: ImageTransformerSR) -> ImageTransformerSR:
     """torch.compile (inductor, static shapes) the per-call pieces `decode` runs: model.step,
     model.logits and model.draft_heads. Opt-in (`sr-blockwise demo --compile`): on the demo's path
-    (batch 1, one thread) greedy, exact and eps=2 at k=6 all decoded 1.8x faster
+    (batch 1, one thread) greedy, exact and eps=2 at k=6 all decoded 1.6-1.8x faster
     (results/compile_demo.py, log in results/s24-demo), but every new call shape compiles first
-    (~30 s more for the first decodes, more for each new k or batch size), so it pays off in a
-    long-running server at batch 1, not in one batch job.
+    (~30 s more for the first decodes, 10-40 s for each new k or batch size; a new guidance
+    weight does not compile again), so it pays off in a long-running server at batch 1, not in
+    one batch job.
 
     float32 only: in bf16 compiled exact mode did not equal greedy (results/s23-guidance/
-    compile_batch1.log). In float32 exact mode equalled greedy, and compiled greedy eager greedy,
+    compile_batch1.log). In float32 exact mode equalled greedy, and compiled greedy equalled eager greedy,
     wherever measured (a random model in tests/test_decoding.py, shipped weights on 3 held-out
     faces), but unlike eager decoding this is measured, not guaranteed by construction: fused
     kernels may round a k-token call differently from a 1-token one."""
@@ -355,9 +356,28 @@ def compile_for_decoding(model: ImageTransformerSR) -> ImageTransformerSR:
     if dtype != torch.float32:
         raise ValueError(f"compiled decoding is float32 only (this model is {str(dtype)[6:]}): in bf16, "
                          "compiled exact mode did not equal greedy decoding")
-    for name in ("step", "logits", "draft_heads"):
-        setattr(model, name, torch.compile(getattr(model, name), dynamic=False))
+    from torch import _dynamo
+    # each new k (and batch size) is a new set of shapes, compiled once; allow the demo's 10 k values
+    _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 32)
+    model.step = torch.compile(model.step, dynamic=False)
+    # logits(h, src, pos, prior_weight), draft_heads(h, k, src, pos, tokens, choose, prior_weight)
+    model.logits = _weight_as_input(torch.compile(model.logits, dynamic=False), 3)
+    model.draft_heads = _weight_as_input(torch.compile(model.draft_heads, dynamic=False), 6)
     return model
+
+
+def _weight_as_input(compiled, at: int):
+    """Call `compiled` with its prior_weight (positional index `at`, or keyword) as a 0-dim float64
+    tensor: compiled code then reads it as an input, where a Python float would be baked in as a
+    constant and every new guidance value would compile again (~9 s each here). The product
+    prior * weight is the same float64 product either way."""
+    def call(*args, **kw):
+        if len(args) > at:
+            args = (*args[:at], torch.tensor(float(args[at]), dtype=torch.float64), *args[at + 1:])
+        elif "prior_weight" in kw:
+            kw["prior_weight"] = torch.tensor(float(kw["prior_weight"]), dtype=torch.float64)
+        return compiled(*args, **kw)
+    return call
 
 
 MODES = ("greedy", "exact", "approx", "sample")

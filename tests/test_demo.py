@@ -80,13 +80,15 @@ def test_import_is_light():
     assert out.stdout.split() == ["False", "False"]
 
 
-def test_register_and_missing_weights(tiny_weights):
+def test_register_and_missing_weights(tiny_weights, monkeypatch):
     p = argparse.ArgumentParser()
     register(p.add_subparsers(dest="command"))
     args = p.parse_args(["demo", "--weights", "/nonexistent/weights.json", "--port", "7999"])
     assert (args.host, args.port, args.share, args.dtype) == ("127.0.0.1", 7999, False, "float32")
     with pytest.raises(ValueError, match="no weights"):  # the CLI prints it as a one-line error
         args.func(args)
+    import apps.demo as demo_module
+    monkeypatch.setattr(demo_module, "launch", lambda *a, **kw: pytest.fail("a server started"))
     args = p.parse_args(["demo", "--weights", str(tiny_weights), "--dtype", "bfloat16", "--compile"])
     with pytest.raises(ValueError, match="float32 only"):  # refused before any server starts
         args.func(args)
@@ -154,24 +156,33 @@ def test_compare_modes():
     assert stats["exact"]["identical_to_greedy"] and stats["approx"]["speedup_wall"] == 4.0
 
 
-def test_decode_live_decodes_at_its_thread_count_and_restores_torchs(model, monkeypatch):
-    """The worker decodes with `threads` torch threads (1 by default: 2 ran 2x slower from a worker
-    thread here) and sets the process-wide count back; the output is the library's."""
-    import torch
+def test_demo_command_sets_its_thread_count_before_any_worker_starts(tiny_weights, monkeypatch):
+    """`sr-blockwise demo --threads N` (default 1: from a worker thread 2 ran 1.8x slower than 1
+    here) is set on the main thread before serving, so every thread started later, the decode
+    workers too, begins with N."""
+    import threading
 
-    import sr_blockwise.decoding as decoding
+    import apps.demo as demo_module
     seen = []
-    real = decoding.decode
-    monkeypatch.setattr(decoding, "decode", lambda *a, **kw: seen.append(torch.get_num_threads()) or real(*a, **kw))
-    lr = image_to_input(Image.fromarray(skimage_astronaut()))[0]
+
+    def fake_launch(demo, *a, **kw):  # what a decode worker started by the server would see
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+    monkeypatch.setattr(demo_module, "launch", fake_launch)
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers(dest="command"))
     before = torch.get_num_threads()
-    *_, res = decode_live(model, lr, options_for("approx", K, EPS), progress_every=64)
-    assert seen == [1] and torch.get_num_threads() == before
-    assert (res.images == real(model, lr[None], options_for("approx", K, EPS)).images).all()
-    torch.set_num_threads(2)
-    *_, res = decode_live(model, lr, options_for("approx", K, EPS), progress_every=64, threads=0)
-    assert seen == [1, 2] and torch.get_num_threads() == 2  # 0: torch's own setting, untouched
-    torch.set_num_threads(before)
+    try:
+        torch.set_num_threads(2)
+        args = p.parse_args(["demo", "--weights", str(tiny_weights), "--no-celeba"])
+        assert args.threads == 1
+        args.func(args)
+        args = p.parse_args(["demo", "--weights", str(tiny_weights), "--no-celeba", "--threads", "2"])
+        args.func(args)
+        assert seen == [1, 2]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_decode_live_stops(model):
