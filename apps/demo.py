@@ -121,8 +121,23 @@ DECODE_THREADS = 1
 def page_defaults(model) -> tuple[int, int, float]:
     """The page's starting k, eps and input guidance for this model (the --compile warm-up
     decodes with them too): guidance 1 for weights without the learned input prior."""
-    from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT
-    return min(6, model.cfg.n_blockwise), 2, DEFAULT_PRIOR_WEIGHT if model.lr_prior is not None else 1.0
+    from sr_blockwise.decoding import default_prior_weight
+    return min(6, model.cfg.n_blockwise), 2, default_prior_weight(model)
+
+
+def compile_and_warm_up(model) -> None:
+    """`demo --compile`: compile the decoder (refused for bf16, with its reason) and decode once in
+    greedy and approximate mode at the page's defaults (exact makes approximate's calls), so that
+    the first user does not wait for the compiler."""
+    import numpy as np
+
+    from sr_blockwise.decoding import compile_for_decoding, decode, options_for
+    compile_for_decoding(model)
+    k0, eps0, w0 = page_defaults(model)
+    print(f"sr-blockwise demo: compiling the decoder: warm-up decodes at the page's defaults (k={k0}, "
+          f"guidance {w0:g}; about 30 s). Other k values compile when first used (10-40 s each).")
+    for mode in ("greedy", "approx"):
+        decode(model, np.zeros((1, 8, 8, 3), np.uint8), options_for(mode, k0, eps0, prior_weight=w0))
 
 
 class Cancelled(Exception):
@@ -464,15 +479,7 @@ def cmd_demo(args) -> int:
     if args.threads:  # before any worker thread starts: each begins with this count (DECODE_THREADS)
         torch.set_num_threads(args.threads)
     if args.compile:
-        import numpy as np
-
-        from sr_blockwise.decoding import compile_for_decoding, decode, options_for
-        compile_for_decoding(model)  # refuses bf16 with its reason
-        k0, eps0, w0 = page_defaults(model)
-        print(f"sr-blockwise demo: compiling the decoder: warm-up decodes at the page's defaults (k={k0}, "
-              f"guidance {w0:g}; about 30 s). Other k values compile when first used (10-40 s each).")
-        for mode in ("greedy", "approx"):  # exact makes approx's calls
-            decode(model, np.zeros((1, 8, 8, 3), np.uint8), options_for(mode, k0, eps0, prior_weight=w0))
+        compile_and_warm_up(model)
     data = args.data or DEFAULT_DATA / "celeba32.npz"
     if not args.no_celeba and Path(data).exists():
         print(f"sr-blockwise demo: reading held-out CelebA faces from {data}")

@@ -12,13 +12,12 @@
 # frames every 8 calls against none: ~3% in-process, 10-15% through the server).
 import argparse, os, socket, time
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False"); os.environ.setdefault("HF_HUB_OFFLINE", "1")
-import numpy as np, torch
+import torch
 from PIL import Image
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
 from sr_blockwise.decoding import decode, options_for
-from apps.demo import build_app, decode_live, launch, page_defaults
-from sr_blockwise.decoding import compile_for_decoding
+from apps.demo import build_app, compile_and_warm_up, decode_live, launch
 
 p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=2)
@@ -30,10 +29,7 @@ THREADS = [int(n) for n in a.threads.split(",")]
 model = load_model("cpu-finetuned", dtype=torch.float32)
 if a.compile:  # and warm up as cmd_demo does, at the decode's thread count
     torch.set_num_threads(THREADS[-1])
-    compile_for_decoding(model)
-    k0, eps0, w0 = page_defaults(model)
-    for mode in ("greedy", "approx"):
-        decode(model, np.zeros((1, 8, 8, 3), np.uint8), options_for(mode, k0, eps0, prior_weight=w0))
+    compile_and_warm_up(model)
 face = load_faces(part="test").images[1]
 lr = downsample_8(face[None])[0]
 path = "/tmp/demo_latency_face.png"

@@ -106,7 +106,7 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
     input prior, else 1. dtype: of the decoding table (the call-cost table times both)."""
     from .checkpoints import load_model
     from .data import downsample_8, load_faces
-    from .decoding import DEFAULT_PRIOR_WEIGHT
+    from .decoding import default_prior_weight
 
     if weights:
         fp32 = load_model(weights, dtype=torch.float32, for_inference=False)
@@ -116,7 +116,7 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         fp32 = ImageTransformerSR(preset("cpu"))
         label = "cpu preset, random weights"
     if prior_weight is None:
-        prior_weight = DEFAULT_PRIOR_WEIGHT if fp32.lr_prior is not None else 1.0
+        prior_weight = default_prior_weight(fp32)
     print(f"# bench-decode: {label}; {machine()}; input guidance (prior weight) {prior_weight:g}")
     print("\n## Cost of one model call vs tokens verified (batch 1, median of", reps, "calls)")
     calls = call_cost_table(fp32, max_k=max(ks), reps=reps)

@@ -151,6 +151,9 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     dev = next(model.parameters()).device
     src = torch.from_numpy(to_tokens(lr)).to(dev)
     B, k = src.shape[0], opts.k
+    # a guidance weight other than 1 goes to the model as a tensor, made once: compiled decoding
+    # (compile_for_decoding) then reads it as an input instead of compiling again for each value
+    w = opts.prior_weight if opts.prior_weight == 1 else torch.tensor(opts.prior_weight, dtype=torch.float64, device=dev)
     t0 = time.perf_counter()
 
     cache = model.new_cache(src, max_extra=max(16, k))
@@ -166,7 +169,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
 
     h = model.step(cache, torch.full((B, 1), -1, dtype=torch.long, device=dev),
                    torch.zeros(B, dtype=torch.long, device=dev))[:, 0]
-    props = _propose(model, h, k, opts, gen, t, torch.arange(B, device=dev), src, out, proposer)
+    props = _propose(model, h, k, opts, w, gen, t, torch.arange(B, device=dev), src, out, proposer)
     rows = torch.arange(B, device=dev)
     n_calls = 1
     ar = torch.arange(k, device=dev)
@@ -189,7 +192,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         n_calls += 1
         calls[rows.cpu()] += 1
         if k > 1:
-            n = accepted_length(props, model.logits(h, src[rows], (tr + 1)[:, None] + ar, opts.prior_weight), opts)
+            n = accepted_length(props, model.logits(h, src[rows], (tr + 1)[:, None] + ar, w), opts)
         else:
             n = torch.ones(len(rows), dtype=torch.long, device=dev)
         n = torch.minimum(n, remaining)
@@ -208,7 +211,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         live = ~done
         rows, h_next = rows[live], h_next[live]
         if len(rows):
-            props = _propose(model, h_next, k, opts, gen, t[rows], rows, src, out, proposer)
+            props = _propose(model, h_next, k, opts, w, gen, t[rows], rows, src, out, proposer)
         if progress is not None and n_calls % progress_every == 0:
             progress(out[:, :SEQ_LEN].cpu().numpy(), t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
 
@@ -278,20 +281,21 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
     return out
 
 
-def _propose(model, h, k, opts, gen, t, rows, src, out, proposer=None):
+def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None):
     """k proposals from the decoder state h (b, d) that predicts position t (b,) of images `rows`
-    of the batch's input src, whose confirmed tokens are out[rows, :t]. The first is always
+    of the batch's input src, whose confirmed tokens are out[rows, :t], at guidance weight w
+    (opts.prior_weight, as decode passes it). The first is always
     p1's own choice (so it needs no verification); the others come from the heads, or from
     `proposer(t, rows, k)` -> (b, k-1) tokens when one is given (e.g. a draft model)."""
     if opts.temperature > 0:
-        logits = model.logits(h, src[rows], t, opts.prior_weight).float() / opts.temperature
+        logits = model.logits(h, src[rows], t, w).float() / opts.temperature
         return (logits + gen[rows, t]).argmax(-1, keepdim=True)
     if proposer is None:
         # p1's own choice is always its argmax: it is the sure token
         window = opts.propose == "window" and opts.eps > 0
         return model.draft_heads(h, k, src[rows], t, out[rows],
-                                 (lambda z: window_centre(z, opts.eps)) if window else None, opts.prior_weight)
-    first = model.logits(h, src[rows], t, opts.prior_weight).argmax(-1, keepdim=True)
+                                 (lambda z: window_centre(z, opts.eps)) if window else None, w)
+    first = model.logits(h, src[rows], t, w).argmax(-1, keepdim=True)
     return torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first
 
 
@@ -344,7 +348,7 @@ def compile_for_decoding(model: ImageTransformerSR) -> ImageTransformerSR:
     (batch 1, one thread) greedy, exact and eps=2 at k=6 all decoded 1.6-1.8x faster
     (results/compile_demo.py, log in results/s24-demo), but every new call shape compiles first
     (~30 s more for the first decodes, 10-40 s for each new k or batch size; a new guidance
-    weight does not compile again), so it pays off in a long-running server at batch 1, not in
+    weight does not compile again: decode passes it as a tensor), so it pays off in a long-running server at batch 1, not in
     one batch job.
 
     float32 only: in bf16 compiled exact mode did not equal greedy (results/s23-guidance/
@@ -359,25 +363,15 @@ def compile_for_decoding(model: ImageTransformerSR) -> ImageTransformerSR:
     from torch import _dynamo
     # each new k (and batch size) is a new set of shapes, compiled once; allow the demo's 10 k values
     _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 32)
-    model.step = torch.compile(model.step, dynamic=False)
-    # logits(h, src, pos, prior_weight), draft_heads(h, k, src, pos, tokens, choose, prior_weight)
-    model.logits = _weight_as_input(torch.compile(model.logits, dynamic=False), 3)
-    model.draft_heads = _weight_as_input(torch.compile(model.draft_heads, dynamic=False), 6)
+    for name in ("step", "logits", "draft_heads"):
+        setattr(model, name, torch.compile(getattr(model, name), dynamic=False))
     return model
 
 
-def _weight_as_input(compiled, at: int):
-    """Call `compiled` with its prior_weight (positional index `at`, or keyword) as a 0-dim float64
-    tensor: compiled code then reads it as an input, where a Python float would be baked in as a
-    constant and every new guidance value would compile again (~9 s each here). The product
-    prior * weight is the same float64 product either way."""
-    def call(*args, **kw):
-        if len(args) > at:
-            args = (*args[:at], torch.tensor(float(args[at]), dtype=torch.float64), *args[at + 1:])
-        elif "prior_weight" in kw:
-            kw["prior_weight"] = torch.tensor(float(kw["prior_weight"]), dtype=torch.float64)
-        return compiled(*args, **kw)
-    return call
+def default_prior_weight(model: ImageTransformerSR) -> float:
+    """The guidance weight the apps start from: DEFAULT_PRIOR_WEIGHT where the model has the
+    learned input prior, else 1 (the only weight such a model takes)."""
+    return DEFAULT_PRIOR_WEIGHT if model.lr_prior is not None else 1.0
 
 
 MODES = ("greedy", "exact", "approx", "sample")
