@@ -62,7 +62,8 @@ def register(subparsers) -> None:
     p.add_argument("--prior-weight", type=float, default=None, metavar="W",
                    help="input guidance: the weight of the model's learned prior toward the 8x8 input's "
                         "own intensities (1: the model as trained; default: sr_blockwise.decoding."
-                        "DEFAULT_PRIOR_WEIGHT, see the README; large values give a blocky upscale)")
+                        "DEFAULT_PRIOR_WEIGHT where the model has that prior, else 1; see the README; large "
+                        "values give a blocky upscale)")
     p.add_argument("--dry-run", action="store_true", help="list what would be done (todo/skip, input, output)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary; failures still go to stderr")
     p.set_defaults(func=cmd_upscale)

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -85,7 +85,8 @@ class Config:
     shard: str | None = None  # "I/N" or "auto" (torchrun's RANK/WORLD_SIZE)
     measure_greedy: bool = False
     match_input: bool = True  # back-project each output onto its 8x8 input (data.match_input)
-    # input guidance (decoding.DecodeOptions.prior_weight); None: decoding.DEFAULT_PRIOR_WEIGHT
+    # input guidance (decoding.DecodeOptions.prior_weight); None: decoding.default_prior_weight
+    # (DEFAULT_PRIOR_WEIGHT, or 1 for weights without the learned input prior)
     prior_weight: float | None = None
     dry_run: bool = False
     quiet: bool = False
@@ -472,7 +473,7 @@ def run(cfg: Config) -> int:
     from tqdm import tqdm
 
     from .checkpoints import default_weights, load_model
-    from .decoding import DEFAULT_PRIOR_WEIGHT, options_for
+    from .decoding import default_prior_weight, options_for
     from .model import SEQ_LEN
 
     if cfg.batch_size < 1:
@@ -496,9 +497,9 @@ def run(cfg: Config) -> int:
             print(f"{'skip' if id(j) in skip else 'todo'}\t{j.src}\t{j.out}")
         return 0
 
-    prior_weight = DEFAULT_PRIOR_WEIGHT if cfg.prior_weight is None else cfg.prior_weight
+    # a bad mode fails here, before the model loads; the default guidance weight needs the model
     opts = options_for(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
-                       prior_weight=prior_weight)
+                       prior_weight=1.0 if cfg.prior_weight is None else cfg.prior_weight)
     dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     if cfg.dtype not in dtypes:
         raise ValueError(f"--dtype {cfg.dtype!r}: choose from {sorted(dtypes)}")
@@ -508,6 +509,8 @@ def run(cfg: Config) -> int:
     t0 = time.perf_counter()
     weights = cfg.weights or default_weights()
     model = load_model(weights, dtype=dtypes[cfg.dtype], device=device)
+    prior_weight = default_prior_weight(model) if cfg.prior_weight is None else cfg.prior_weight
+    opts = replace(opts, prior_weight=prior_weight)
     opts.check(model)  # k beyond this model's heads etc.: a bad argument, before any work
 
     s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)

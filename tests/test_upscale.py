@@ -274,3 +274,21 @@ def test_prior_weight_is_applied_recorded_and_checked_on_resume(tmp_path, fast, 
     assert main([str(src), "-o", str(tmp_path / "w4"), "--no-match-input", "--skip-existing",
                  "--metrics", str(tmp_path / "w4.json")] + fast + ["--prior-weight", "1"]) == 0
     assert "2 outputs kept by --skip-existing were decoded with another --prior-weight" in capsys.readouterr().err
+
+
+def test_default_guidance_follows_the_weights(tmp_path, tiny_weights, rng):
+    """Weights without the learned input prior (session 1's) decode at guidance 1 by default;
+    weights with it at DEFAULT_PRIOR_WEIGHT; an explicit weight they cannot take is refused."""
+    from conftest import make_tiny
+    from sr_blockwise.checkpoints import save_weights
+    from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT
+    no_prior = str(save_weights(make_tiny(1, lr_prior=False), tmp_path / "no-prior", {}))
+    save(tmp_path / "in" / "a.png", tiny8(rng))
+    flags = ["--threads", "1", "--mode", "approx", "--k", "8", "--eps", "150", "--quiet"]
+    for weights, expected in ((no_prior, 1.0), (tiny_weights, DEFAULT_PRIOR_WEIGHT)):
+        met = tmp_path / f"{Path(weights).stem}.json"
+        assert main([str(tmp_path / "in"), "-o", str(tmp_path / Path(weights).stem), "--weights", weights,
+                     "--metrics", str(met)] + flags) == 0
+        assert json.loads(met.read_text())["settings"]["prior_weight"] == expected
+    assert main([str(tmp_path / "in"), "-o", str(tmp_path / "x"), "--weights", no_prior,
+                 "--prior-weight", "2"] + flags) == 2
