@@ -590,7 +590,8 @@ class RatingDB:
                 n = con.execute(sql, params).rowcount
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # a failed COMMIT may have rolled back already
+                    con.execute("ROLLBACK")
                 raise
             return n
 
@@ -649,6 +650,8 @@ class RatingService:
     def __init__(self, study: Study, db_path=None, trials_per_rater: int | None = 100):
         self.study = study
         self.db = RatingDB(db_path or study.folder / "ratings.sqlite", study.study_id)
+        if trials_per_rater is not None and trials_per_rater < 0:
+            raise StudyError(f"trials per rater must be >= 0 (0: the whole plan), got {trials_per_rater}")
         self.trials_per_rater = trials_per_rater
 
     def target(self, seed: int) -> int:
@@ -737,8 +740,13 @@ class RatingService:
                "rt_ms": rt_ms, "attention": int(t.attention), "shown_at": p["shown_at"],
                "answered_at": now_iso(), "app_version": app_version(),
                "weights": self.study.weights_version(t.a, t.b)}
-        state["pending"] = None
-        if not self.db.record(row):
+        try:
+            stored = self.db.record(row)
+        except sqlite3.Error as e:  # the pair stays pending: the same click can be tried again
+            raise RatingError(f"your answer could not be saved ({e}); nothing was recorded: "
+                              "please choose again") from e
+        state["pending"] = None  # only once the answer is on disk (or was already there)
+        if not stored:
             return "That pair was already answered (in another window?); nothing changed."
         return f"Recorded answer {len(self.db.judged_trials(state['rater']))}."
 

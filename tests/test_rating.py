@@ -187,6 +187,30 @@ def test_bad_input_messages(study_dir, study_copy, tmp_path):
     assert cli_main(["rate", "serve", str(tmp_path / "nope")]) == 2
 
 
+def test_a_failed_write_keeps_the_pair_waiting(study_copy):
+    """The disk fails once while an answer is saved (a trigger stands in for a full disk): the
+    rater gets a clear message, the pair stays on screen and waiting, and the same click stored
+    once the disk works again. A negative trial count is refused."""
+    st = rating.open_study(study_copy)
+    svc = RatingService(st)
+    s = svc.begin("r1", consent=True)
+    s["practice"] = N_PRACTICE
+    shown = svc.show(s)
+    with sqlite3.connect(svc.db.path) as con:
+        con.execute("CREATE TRIGGER fail BEFORE INSERT ON judgments "
+                    "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+    with pytest.raises(RatingError, match="could not be saved.*disk is full.*choose again"):
+        svc.answer(s, "left", token=shown.token)
+    assert s["pending"] and s["pending"]["token"] == shown.token and svc.db.judgments() == []
+    with sqlite3.connect(svc.db.path) as con:
+        con.execute("DROP TRIGGER fail")
+    assert svc.answer(s, "left", token=shown.token) == "Recorded answer 1."
+    [row] = svc.db.judgments()
+    assert row["trial"] == shown.trial.index and row["chosen_side"] == "left"
+    with pytest.raises(StudyError, match="trials per rater must be >= 0"):
+        RatingService(st, trials_per_rater=-3)
+
+
 def _rater_worker(folder, db, rater, q):
     svc = RatingService(rating.open_study(folder), db, trials_per_rater=0)
     s = svc.begin(rater, consent=True)
