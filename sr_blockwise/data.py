@@ -57,6 +57,10 @@ def open_rgb(path_or_file) -> Image.Image:
 
 def to_rgb(img: Image.Image) -> Image.Image:
     img = ImageOps.exif_transpose(img)
+    if img.mode.startswith("I;16") or img.mode == "I":
+        # 16-bit grey: convert("RGB") clips the values at 255 (white); keep the top 8 bits instead
+        a = np.clip(np.asarray(img, dtype=np.int64), 0, 65535) >> 8
+        img = Image.fromarray(a.astype(np.uint8), "L")
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
         img = img.convert("RGBA")
         bg = Image.new("RGBA", img.size, (255, 255, 255, 255))

@@ -39,11 +39,11 @@ SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
     "jpg": ("JPEG", {"quality": 95, "subsampling": 0}),  # 4:4:4, no chroma blur
     "webp": ("WEBP", {"lossless": True}),
 }
-METRIC_FIELDS = ["input", "output", "status", "reason", "mode", "k", "eps", "temperature", "seed",
+METRIC_FIELDS = ["input", "output", "relative", "status", "reason", "mode", "k", "eps", "temperature", "seed",
                  "batch_size", "prior_weight", "match_input", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
                  "psnr_bicubic", "ssim_bicubic"]
 # Pillow registers some formats it can only identify, not decode (or that need ghostscript)
-_NOT_DECODABLE = {".bufr", ".grib", ".h5", ".hdf", ".mpeg", ".mpg", ".eps", ".ps"}
+_NOT_DECODABLE = {".bufr", ".grib", ".h5", ".hdf", ".mpeg", ".mpg", ".eps", ".ps", ".wmf", ".emf"}
 
 
 def readable_exts() -> set[str]:
@@ -94,6 +94,15 @@ class Config:
 
 # ---------------------------------------------------------------- finding the inputs
 
+def _resolve(p: Path) -> Path:
+    """p.resolve(), or its absolute path where a symlink loop makes that fail: such a file is
+    then reported as unreadable when it is opened, instead of stopping the planning."""
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(p))
+
+
 def _glob_root(pattern: str) -> Path:
     """The folder part of a glob before its first wildcard: outputs mirror the tree below it."""
     parts = []
@@ -109,7 +118,7 @@ def _scan(folder: Path, exts: set[str], exclude: Path | None, ignored: list[Path
     for dirpath, dirnames, filenames in os.walk(folder):  # does not follow folder symlinks: no cycles
         dirnames.sort()
         if exclude is not None:  # an OUTDIR inside the input folder is not an input
-            dirnames[:] = [d for d in dirnames if (Path(dirpath) / d).resolve() != exclude]
+            dirnames[:] = [d for d in dirnames if _resolve(Path(dirpath) / d) != exclude]
         for name in sorted(filenames):
             p = Path(dirpath) / name
             (files if p.suffix.lower() in exts else ignored).append(p)
@@ -120,11 +129,11 @@ def find_inputs(inputs: list[str], outdir: Path) -> tuple[list[tuple[Path, Path]
     """Expand files, folders and glob patterns. Returns ([(file, root)], scanned folders, ignored
     files). Files named explicitly are always tried; folder and glob matches need an image
     extension (the others are listed as ignored)."""
-    exts, out_res = readable_exts(), outdir.resolve()
+    exts, out_res = readable_exts(), _resolve(outdir)
     found, folders, ignored = [], [], []
 
     def add_folder(d: Path, root: Path):
-        if d.resolve() == out_res:
+        if _resolve(d) == out_res:
             raise ValueError(f"OUTDIR {outdir} is the input folder {d}: results would mix with the "
                              "inputs; choose another folder")
         folders.append(d)
@@ -142,7 +151,7 @@ def find_inputs(inputs: list[str], outdir: Path) -> tuple[list[tuple[Path, Path]
                 raise ValueError(f"no files match {spec!r}")
             root = _glob_root(spec)
             for m in map(Path, matches):
-                if m.resolve() == out_res or out_res in m.resolve().parents:
+                if _resolve(m) == out_res or out_res in _resolve(m).parents:
                     continue  # OUTDIR or an earlier result, matched by a broad pattern
                 if m.is_dir():
                     add_folder(m, root)
@@ -173,7 +182,8 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
 def shard_of(rel: PurePosixPath, n: int) -> int:
     """Which of n shards processes this input. It depends on the relative path alone (not on the
     other files), so every process agrees even if they list the inputs at different moments."""
-    return int.from_bytes(hashlib.sha1(str(rel).encode()).digest()[:8], "big") % n
+    # fsencode: a file name that is not valid UTF-8 has bytes too (and valid ones the same bytes)
+    return int.from_bytes(hashlib.sha1(os.fsencode(str(rel))).digest()[:8], "big") % n
 
 
 def _gt_index(gt_dir: Path) -> dict[tuple[str, str], list[Path]]:
@@ -200,8 +210,10 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
     base = Path(os.path.commonpath([os.path.abspath(r) for _, r in found])) if found else Path(".")
     jobs, seen = {}, set()
     for f, _ in found:
-        key = f.resolve()
-        if key in seen:  # the same file via two inputs: decode it once
+        # the same path via two inputs: decode it once. Not by resolved path: a symlink (alias.png
+        # -> real.png) is an input file of its own name, and gets its own output
+        key = os.path.abspath(f)
+        if key in seen:
             continue
         seen.add(key)
         rel = PurePosixPath(Path(os.path.abspath(f)).relative_to(base).as_posix())
@@ -239,9 +251,9 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
             j.gt = (exact or cands or [None])[0]
 
     # inputs are never overwritten: refuse before any work
-    protected = {j.src.resolve() for j in ordered} | {j.gt.resolve() for j in ordered if j.gt}
+    protected = {_resolve(j.src) for j in ordered} | {_resolve(j.gt) for j in ordered if j.gt}
     for o, j in outs.items():
-        if o.resolve() in protected:
+        if _resolve(o) in protected:
             raise ValueError(f"OUTDIR {outdir} would overwrite {o}, which is an input; "
                              "choose another OUTDIR (or --suffix / --ext)")
 
@@ -266,12 +278,19 @@ def load_ground_truth(path: Path) -> np.ndarray:
     return face
 
 
+def _temp_name(path: Path) -> Path:
+    """A short hidden temporary name next to `path`: a long name plus a suffix could pass the file
+    system's 255-byte limit. Random, so that processes on other machines sharing the folder (where
+    process ids can be equal) never write the same file."""
+    return path.with_name(f".{os.getpid()}-{os.urandom(6).hex()}.tmp")
+
+
 def save_atomic(img: np.ndarray, path: Path, ext: str) -> None:
     """Write to a hidden temporary file next to `path`, then rename: readers (and a resumed run)
     only ever see complete images."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt, kw = SAVE_ARGS[ext]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temp_name(path)
     try:
         Image.fromarray(img).save(tmp, format=fmt, **kw)
         os.replace(tmp, path)
@@ -298,7 +317,7 @@ def job_seed(seed: int, rel: PurePosixPath) -> int:
     """Sampling seed per image (decode's `seeds=`) from --seed and its relative path: the same
     image gets the same sample whatever its batch, shard or resume. (The factor 1_000_003 keeps
     the samples of earlier versions, which decoded each image alone as decode's image 0.)"""
-    return int.from_bytes(hashlib.sha1(f"{seed}:{rel}".encode()).digest()[:4], "big") * 1_000_003
+    return int.from_bytes(hashlib.sha1(os.fsencode(f"{seed}:{rel}")).digest()[:4], "big") * 1_000_003
 
 
 # ---------------------------------------------------------------- the run
@@ -353,24 +372,34 @@ class Metrics:
     """Per-image rows in a .csv or .json file, rewritten atomically at the end and every minute.
     With --skip-existing, rows of the previous run for the skipped images are kept."""
 
-    def __init__(self, path: str | None, settings: dict, skip_existing: bool):
+    def __init__(self, path: str | None, settings: dict, skip_existing: bool, outdir: str = "."):
         self.path = Path(path) if path else None
         self.settings, self.rows, self.previous, self.last = settings, [], {}, time.time()
+        self.outdir = os.path.abspath(outdir)
         if self.path and skip_existing and self.path.is_file():
             try:
-                self.previous = {r["input"]: r for r in self._read() if r.get("status") == "done"}
+                self.previous = {self.key(r): r for r in self._read() if r.get("status") == "done"}
             except (OSError, ValueError, KeyError, TypeError):
                 self.previous = {}  # unreadable old metrics: start afresh
 
     def _read(self) -> list[dict]:
         if self.path.suffix == ".json":
             return json.loads(self.path.read_text())["images"]
-        with open(self.path, newline="") as f:
+        with open(self.path, newline="", encoding="utf-8", errors="surrogateescape") as f:
             return list(csv.DictReader(f))
 
+    def key(self, row: dict) -> str:
+        """What a resumed run matches rows by: the output's path relative to OUTDIR, the same
+        however the inputs or OUTDIR are spelled. Rows of earlier versions have no `relative`:
+        their output path, taken from the current folder, stands in."""
+        if row.get("relative"):
+            return row["relative"]
+        return Path(os.path.relpath(os.path.abspath(row["output"]), self.outdir)).as_posix()
+
     def add(self, row: dict) -> None:
-        if row["status"] == "skipped" and row["input"] in self.previous:
-            row = self.previous[row["input"]]  # the run that made it measured it
+        if row["status"] == "skipped" and self.key(row) in self.previous:
+            # the run that made it measured it (its row gains `relative` if it was an old one)
+            row = {**self.previous[self.key(row)], "relative": row["relative"]}
         self.rows.append(row)
 
     def maybe_write(self, summary: Summary, every: float = 60.0) -> None:
@@ -382,7 +411,7 @@ class Metrics:
             return
         self.last = time.time()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp = _temp_name(self.path)
         try:
             if self.path.suffix == ".json":
                 doc = {"settings": self.settings, "summary": {
@@ -392,7 +421,7 @@ class Metrics:
                     "greedy_check": summary.greedy_check}, "images": self.rows}
                 tmp.write_text(json.dumps(doc, indent=1) + "\n")
             else:
-                with open(tmp, "w", newline="") as f:
+                with open(tmp, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
                     w = csv.DictWriter(f, fieldnames=METRIC_FIELDS, extrasaction="ignore")
                     w.writeheader()
                     w.writerows(self.rows)
@@ -416,6 +445,12 @@ def metrics_path(path: str | None, shard: tuple[int, int]) -> str | None:
         p = Path(path)
         return str(p.with_name(f"{p.stem}.shard{i}-of-{n}{p.suffix}"))
     return path
+
+
+def _printable(text: str) -> str:
+    """File names that are not valid UTF-8 shown with their odd bytes escaped (caf\\xe9.png), as
+    stderr shows them: printing them as they are can fail on stdout."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def pick_device(name: str) -> str:
@@ -494,7 +529,7 @@ def run(cfg: Config) -> int:
         + (f"; ignored {len(ignored)} files without an image extension (e.g. {ignored[0]})" if ignored else ""))
     if cfg.dry_run:
         for j in jobs:
-            print(f"{'skip' if id(j) in skip else 'todo'}\t{j.src}\t{j.out}")
+            print(_printable(f"{'skip' if id(j) in skip else 'todo'}\t{j.src}\t{j.out}"))
         return 0
 
     # a bad mode fails here, before the model loads; the default guidance weight needs the model
@@ -518,16 +553,20 @@ def run(cfg: Config) -> int:
                 "temperature": opts.temperature or None, "seed": cfg.seed if opts.temperature else None,
                 "batch_size": cfg.batch_size, "prior_weight": prior_weight, "match_input": cfg.match_input, "device": device, "dtype": cfg.dtype, "shard": f"{i}/{n}",
                 "ssim": dict(SSIM_SETTINGS), "psnr": dict(PSNR_SETTINGS)}
-    metrics = Metrics(mpath, settings, cfg.skip_existing)
+    metrics = Metrics(mpath, settings, cfg.skip_existing, cfg.outdir)
     base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size",
                                           "prior_weight", "match_input")}
+
+    def names(j: Job) -> dict:  # a metrics row's paths
+        return {"input": str(j.src), "output": str(j.out), "relative": j.out.relative_to(cfg.outdir).as_posix()}
+
     for j in done_before:
-        metrics.add({"input": str(j.src), "output": str(j.out), "status": "skipped"})
+        metrics.add({**names(j), "status": "skipped"})
     # a resumed run whose settings differ would leave its outputs unlike each other: say so
     def kept_unlike(key, read, now):
         """Outputs kept by --skip-existing whose earlier row recorded another value of `key`."""
-        return [j for j in done_before if str(j.src) in metrics.previous
-                and read(metrics.previous[str(j.src)].get(key)) != now]
+        rows = [metrics.previous.get(names(j)["relative"]) for j in done_before]
+        return [j for j, r in zip(done_before, rows) if r is not None and read(r.get(key)) != now]
 
     # a CSV row holds "True" / "False", a JSON row a bool; rows of runs before match_input existed
     # have none (or "" in a CSV): those outputs were not matched
@@ -549,13 +588,15 @@ def run(cfg: Config) -> int:
 
     def fail(j: Job, reason: str):
         s.failed.append((str(j.src), reason))
-        metrics.add({"input": str(j.src), "output": str(j.out), "status": "failed", "reason": reason})
+        metrics.add({**names(j), "status": "failed", "reason": reason})
         bar.write(f"failed: {j.src}: {reason}", file=sys.stderr)
         bar.update(1)
 
     def batches():
         batch = []
         for j in todo:
+            if stop.set:  # Ctrl-C: read no more (also when every file so far failed to load)
+                break
             try:
                 lr, face = load_input(j.src)
             except BadImage as e:  # its message starts with the file's name: we print the path
@@ -597,7 +638,7 @@ def run(cfg: Config) -> int:
                 if cfg.match_input:  # after the greedy check, which compares the decoder's own outputs
                     images = match_input(images, lrs)
                 for j, lr, img, st in zip(bjobs, lrs, images, stats):
-                    row = {"input": str(j.src), "output": str(j.out), "status": "done", **base_row,
+                    row = {**names(j), "status": "done", **base_row,
                            "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
                     try:
                         gt = None
@@ -625,8 +666,9 @@ def run(cfg: Config) -> int:
                 metrics.maybe_write(s)
                 after_batch(s)
                 if stop.set:
-                    s.interrupted = True
                     break
+            # Ctrl-C: stopped after the batch in hand (one whose decoding failed ends in batches())
+            s.interrupted = stop.set
     except KeyboardInterrupt:  # the second Ctrl-C: the batch in flight is dropped
         s.interrupted = True
     finally:
@@ -634,7 +676,7 @@ def run(cfg: Config) -> int:
         bar.close()
         metrics.write(s)
     if not cfg.quiet:
-        print("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {mpath}" if mpath else ""))
+        print(_printable("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {mpath}" if mpath else "")))
     else:  # quiet: only what needs attention
         if s.failed:
             print(f"{len(s.failed)} of {s.total} images failed", file=sys.stderr)

@@ -137,3 +137,16 @@ def test_no_celeba_pixels_are_tracked():
            or f.startswith(("data/", "results/")) and f.lower().endswith((".jpg", ".jpeg", ".png", ".webp"))
            and not Path(f).name.startswith(("mean_block", "quality_vs", "speedup_vs", "learning-curve"))]
     assert bad == []
+
+
+@pytest.mark.parametrize("value, mode, ext", [(32768, "I;16", "png"), (1000, "I;16", "png"),
+                                              (32768, "I;16", "tif"), (50000, "I", "tif")])
+def test_16bit_greyscale_is_scaled_not_clipped(tmp_path, value, mode, ext):
+    """16-bit grey (Pillow modes I;16 and I) keeps its top 8 bits: mid-grey stays mid-grey, not white."""
+    path = tmp_path / f"g.{ext}"
+    img = Image.fromarray(np.full((40, 40), value, np.uint16))
+    (img if mode == "I;16" else img.convert("I")).save(path)
+    with Image.open(path) as opened:
+        assert opened.mode == mode
+    lr, face = image_to_input(open_rgb(path))
+    assert (lr == value >> 8).all() and (face == value >> 8).all()

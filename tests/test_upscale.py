@@ -292,3 +292,132 @@ def test_default_guidance_follows_the_weights(tmp_path, tiny_weights, rng):
         assert json.loads(met.read_text())["settings"]["prior_weight"] == expected
     assert main([str(tmp_path / "in"), "-o", str(tmp_path / "x"), "--weights", no_prior,
                  "--prior-weight", "2"] + flags) == 2
+
+
+# ---------------------------------------------------------------- odd file names, links, signals
+
+def test_file_names_need_not_be_utf8(tmp_path, fast, capsys, rng):
+    """A name that is not valid UTF-8 is an input like any other: same bytes out, in the metrics."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    odd = os.fsdecode(b"caf\xe9.png")  # Latin-1, as old cameras and zip files write names
+    save(src / odd, tiny8(rng))
+    save(src / "ok.png", tiny8(rng))
+    # printed with the odd byte escaped, as stderr shows it
+    assert [o for _, _, o in dry_run(capsys, [str(src), "-o", str(out)])] == [
+        str(out / "caf\\xe9.png"), str(out / "ok.png")]
+    assert main([str(src), "-o", str(out), "--quiet", "--metrics", str(tmp_path / "m.csv")] + fast) == 0
+    assert sorted(os.listdir(os.fsencode(out))) == [b"caf\xe9.png", b"ok.png"]
+    with open(tmp_path / "m.csv", newline="", encoding="utf-8", errors="surrogateescape") as f:
+        assert sorted(r["relative"] for r in csv.DictReader(f)) == [odd, "ok.png"]
+    # the JSON writer too, and a resumed run reads the CSV back
+    assert main([str(src), "-o", str(out), "--quiet", "--skip-existing", "--metrics", str(tmp_path / "m.json")]
+                + fast) == 0
+    assert sorted(r["input"] for r in json.loads((tmp_path / "m.json").read_text())["images"]) == [
+        str(src / odd), str(src / "ok.png")]
+
+
+def test_shards_and_seeds_of_utf8_names_did_not_move():
+    """os.fsencode gives valid UTF-8 names the bytes str.encode gave: shards and samples stay."""
+    from pathlib import PurePosixPath as P
+    for rel, shard7, shard_big, seed0, seed5 in [
+            ("a.png", 1, 856020, 4218228204646650, 1016058890167526),
+            ("d0/img1.png", 2, 759097, 1039320910953379, 2171947279822292),
+            ("caf\u00e9/\u9854.jpg", 4, 475648, 1055971380904639, 1248961843874291)]:
+        assert (upscale.shard_of(P(rel), 7), upscale.shard_of(P(rel), 1000003)) == (shard7, shard_big)
+        assert (upscale.job_seed(0, P(rel)), upscale.job_seed(5, P(rel))) == (seed0, seed5)
+
+
+def test_symlink_loop_is_reported_and_skipped(tmp_path, fast, capsys, rng):
+    src = tmp_path / "in"
+    save(src / "ok.png", tiny8(rng))
+    (src / "self.png").symlink_to("self.png")
+    assert main([str(src), "-o", str(tmp_path / "out"), "--quiet"] + fast) == 1
+    err = capsys.readouterr().err
+    assert str(src / "self.png") in err and "symbolic links" in err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ok.png"]
+
+
+def test_each_file_symlink_gets_its_own_output(tmp_path, capsys, rng):
+    """alias.png -> real.png are two input names: two outputs, not one chosen by sort order."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    save(src / "z_real.png", tiny8(rng))
+    (src / "a_alias.png").symlink_to("z_real.png")
+    rows = dry_run(capsys, [str(src), "-o", str(out)])
+    assert [(i, o) for _, i, o in rows] == [(str(src / "a_alias.png"), str(out / "a_alias.png")),
+                                           (str(src / "z_real.png"), str(out / "z_real.png"))]
+    # one path reached twice (its folder and itself) is still decoded once
+    assert len(dry_run(capsys, [str(src), str(src / "z_real.png"), "-o", str(out)])) == 2
+
+
+def test_longest_legal_names_are_written(tmp_path, fast, rng):
+    """The temporary file's name is short: a 255-byte output name still works, atomically."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    name = "f" * 251 + ".png"  # 255 bytes, the usual limit
+    save(src / name, tiny8(rng))
+    assert main([str(src), "-o", str(out), "--quiet", "--metrics", str(tmp_path / ("m" * 250 + ".csv"))]
+                + fast) == 0
+    assert (out / name).is_file() and (tmp_path / ("m" * 250 + ".csv")).is_file()
+    assert leftovers(tmp_path) == []
+
+
+def test_resumed_metrics_keep_rows_however_the_input_is_spelled(tmp_path, fast, monkeypatch, rng):
+    """Rows are matched by the output's path below OUTDIR: a resumed run may spell the input or
+    OUTDIR another way (here relative, then absolute) and still keep the first run's rows."""
+    src, met = tmp_path / "in", tmp_path / "m.csv"
+    save(src / "x1.png", tiny8(rng))
+    monkeypatch.chdir(tmp_path)
+    assert main(["in", "-o", "out", "--quiet", "--metrics", "m.csv"] + fast) == 0
+    save(src / "x2.png", tiny8(rng))
+    monkeypatch.chdir(src)
+    args = [str(src), "-o", str(tmp_path / "out"), "--quiet", "--skip-existing", "--metrics", str(met)]
+    assert main(args + fast) == 0
+
+    def rows():
+        with open(met, newline="") as f:
+            return list(csv.DictReader(f))
+    assert [(r["relative"], r["status"], r["input"]) for r in rows()] == [
+        ("x1.png", "done", "in/x1.png"), ("x2.png", "done", str(src / "x2.png"))]
+    # a file from before `relative` existed is matched by its output path (from the current folder)
+    monkeypatch.chdir(tmp_path)
+    old = [{k: v for k, v in r.items() if k != "relative"} for r in rows()]
+    with open(met, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(old[0]))
+        w.writeheader()
+        w.writerows(old)
+    assert main(args + fast) == 0
+    assert [(r["relative"], r["status"], int(r["calls"]) > 0) for r in rows()] == [
+        ("x1.png", "done", True), ("x2.png", "done", True)]
+
+
+def test_first_ctrl_c_stops_when_a_batch_fails_or_while_reading(tmp_path, tiny_weights, monkeypatch, capsys, rng):
+    """One Ctrl-C stops after the batch in hand (exit 130) even when that batch's decoding failed,
+    or when no batch was formed because every file read so far was bad."""
+    src = tmp_path / "in"
+    for i in range(3):
+        save(src / f"x{i}.png", tiny8(rng))
+    args = [str(src), "-o", str(tmp_path / "out"), "--weights", tiny_weights, "--threads", "1",
+            "--batch-size", "1", "--quiet"]
+    calls = []
+
+    def interrupted(exc):
+        def f(*a, **kw):
+            calls.append(1)
+            if len(calls) == 1:
+                signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C once
+            raise exc
+        return f
+    monkeypatch.setattr(upscale, "decode_batch", interrupted(RuntimeError("CUDA out of memory (simulated)")))
+    assert main(args) == 130 and len(calls) == 1
+    calls.clear()
+    monkeypatch.setattr(upscale, "load_input", interrupted(upscale.BadImage("not a readable image")))
+    assert main(args) == 130 and len(calls) == 1
+    assert "interrupted after 0 of 3 images" in capsys.readouterr().err
+
+
+def test_formats_pillow_cannot_decode_are_not_picked_up(tmp_path, capsys, rng):
+    save(tmp_path / "in" / "a.png", tiny8(rng))
+    (tmp_path / "in" / "clip.wmf").write_bytes(b"\xd7\xcd\xc6\x9a" + bytes(36))  # placeable WMF header
+    (tmp_path / "in" / "clip.emf").write_bytes(bytes(40))
+    assert {".wmf", ".emf"}.isdisjoint(upscale.readable_exts())
+    rows = dry_run(capsys, [str(tmp_path / "in"), "-o", str(tmp_path / "out")])
+    assert [Path(i).name for _, i, _ in rows] == ["a.png"]
