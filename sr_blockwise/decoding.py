@@ -6,6 +6,12 @@ feeds all k at positions t+1..t+k; p1's argmax at each position verifies the nex
 longest accepted prefix is kept, and the heads read at the last accepted position give the next
 block's proposals. About 3072/k + 1 calls instead of 3072. k=1 is plain greedy decoding.
 
+Sampling (temperature > 0) with k > 1 is speculative sampling (Leviathan et al. 2023, Chen et al.
+2023) on the same merged loop: the first token is p1's sample, the heads sample their drafts, and
+a draft is kept with probability min(1, p(x)/q(x)); at the first rejection the token is drawn
+from max(0, p - q) instead, and becomes the next block's first token. The samples then have
+exactly plain sampling's distribution, one token per call.
+
 Each image keeps its own position and accepted length: finished images leave the batch, and
 every call has the same shape (k tokens per image), so an image's output does not depend on the
 batch it was decoded in.
@@ -33,7 +39,10 @@ class DecodeOptions:
     eps: int = 0  # eps rule: accept a proposal within eps intensity levels of p1's argmax
     top_k: int = 1  # topk rule: accept a proposal among p1's top_k values
     min_block: int = 1  # accept at least this many tokens per call, whatever the rule says
-    temperature: float = 0.0  # > 0: sample (one token per call), 0: greedy / blockwise
+    # > 0: sample at this temperature; with k > 1 by speculative sampling (the heads' sampled
+    # drafts accepted with probability min(1, p/q), a rejected one resampled from max(0, p - q)):
+    # the output has the distribution of plain sampling, one token per call. 0: greedy / blockwise
+    temperature: float = 0.0
     seed: int = 0
     # how heads 2..k propose: "argmax" (the paper) or, for the eps rule, "window": the centre of
     # the most probable (2*eps+1)-wide window of the head's distribution, the value most likely
@@ -60,8 +69,10 @@ class DecodeOptions:
             raise ValueError(f"min_block must be in 1..k={self.k}, got {self.min_block}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.temperature > 0 and self.k != 1:
-            raise ValueError("sampling (temperature > 0) decodes one token per call: use k=1")
+        if self.temperature > 0 and self.k > 1 and (self.rule != "exact" or self.min_block != 1
+                                                     or self.propose != "argmax"):
+            raise ValueError("sampling with k > 1 accepts by speculative sampling's own rule, which keeps "
+                             "the samples' distribution: use the exact rule, min_block 1, argmax proposals")
         if self.propose not in PROPOSALS:
             raise ValueError(f"unknown proposal {self.propose!r}; choose from {PROPOSALS}")
         if self.prior_weight < 0:
@@ -165,11 +176,13 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     finish = np.zeros(B)
     if seeds is not None and len(seeds) != B:
         raise ValueError(f"got {len(seeds)} seeds for {B} images")
-    gen = _gumbel_source(B, opts, dev, seeds) if opts.temperature > 0 else None
+    speculative = opts.temperature > 0 and k > 1
+    gen = _sampling_noise(B, opts, dev, seeds, speculative) if opts.temperature > 0 else None
+    qlog = None  # speculative sampling: the logits heads 2..k drew the block's drafts from
 
     h = model.step(cache, torch.full((B, 1), -1, dtype=torch.long, device=dev),
                    torch.zeros(B, dtype=torch.long, device=dev))[:, 0]
-    props = _propose(model, h, k, opts, w, gen, t, torch.arange(B, device=dev), src, out, proposer)
+    props, qlog = _propose(model, h, k, opts, w, gen, t, torch.arange(B, device=dev), src, out, proposer)
     rows = torch.arange(B, device=dev)
     n_calls = 1
     ar = torch.arange(k, device=dev)
@@ -186,12 +199,21 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
             finish[r.cpu().numpy()] = time.perf_counter() - t0
             keep = ~last
             rows, props, tr, remaining = rows[keep], props[keep], tr[keep], remaining[keep]
+            qlog = qlog[keep] if qlog is not None else None
             if not len(rows):
                 break
         h = model.step(cache, props, tr + 1, rows=None if len(rows) == B else rows)  # (b, k, d)
         n_calls += 1
         calls[rows.cpu()] += 1
-        if k > 1:
+        reject_q = None
+        if speculative:
+            plog = model.logits(h, src[rows], (tr + 1)[:, None] + ar, w)
+            u = gen[1][rows[:, None], (tr[:, None] + ar[1:]).clamp(max=SEQ_LEN - 1)]
+            n = speculative_accepted_length(props, plog, qlog, u, opts.temperature)
+            # where draft n was rejected, the next block's sure token is drawn from max(0, p - q)
+            reject_q = torch.where((n < k)[:, None], qlog[torch.arange(len(rows), device=dev), (n - 1).clamp(max=k - 2)],
+                                   torch.full_like(qlog[:, 0], float("nan")))
+        elif k > 1:
             n = accepted_length(props, model.logits(h, src[rows], (tr + 1)[:, None] + ar, w), opts)
         else:
             n = torch.ones(len(rows), dtype=torch.long, device=dev)
@@ -210,8 +232,9 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         h_next = h[torch.arange(len(rows), device=dev), n - 1]
         live = ~done
         rows, h_next = rows[live], h_next[live]
+        reject_q = reject_q[live] if reject_q is not None else None
         if len(rows):
-            props = _propose(model, h_next, k, opts, w, gen, t[rows], rows, src, out, proposer)
+            props, qlog = _propose(model, h_next, k, opts, w, gen, t[rows], rows, src, out, proposer, reject_q)
         if progress is not None and n_calls % progress_every == 0:
             progress(out[:, :SEQ_LEN].cpu().numpy(), t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
 
@@ -281,22 +304,38 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
     return out
 
 
-def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None):
+def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, reject_q=None):
     """k proposals from the decoder state h (b, d) that predicts position t (b,) of images `rows`
     of the batch's input src, whose confirmed tokens are out[rows, :t], at guidance weight w
     (opts.prior_weight, as decode passes it). The first is always
     p1's own choice (so it needs no verification); the others come from the heads, or from
-    `proposer(t, rows, k)` -> (b, k-1) tokens when one is given (e.g. a draft model)."""
+    `proposer(t, rows, k)` -> (b, k-1) tokens when one is given (e.g. a draft model).
+    Sampling (gen: _sampling_noise's tables): the first token is p1's sample, or, where
+    reject_q (b, 256) is not NaN, a sample of max(0, p1 - q) for the draft q rejected there; heads
+    2..k then sample their drafts. -> (proposals (b, k), the drafts' logits (b, k-1, 256) when
+    sampling with k > 1, else None)."""
     if opts.temperature > 0:
-        logits = model.logits(h, src[rows], t, w).float() / opts.temperature
-        return (logits + gen[rows, t]).argmax(-1, keepdim=True)
+        T = opts.temperature
+        raw = model.logits(h, src[rows], t, w)
+        logits = raw.float() / T
+        if reject_q is not None:  # NaN rows: no draft was rejected there
+            residual = residual_logits(raw, reject_q, T)
+            rejected = ~reject_q[:, 0].isnan() & residual.isfinite().any(-1)
+            logits = torch.where(rejected[:, None], residual, logits)
+        first = (logits + gen[0][rows, t]).argmax(-1)
+        if k == 1:
+            return first[:, None], None
+        targets = (t[:, None] + torch.arange(1, k, device=t.device)).clamp(max=SEQ_LEN - 1)
+        noise = gen[2][rows[:, None], targets]  # (b, k-1, 256) Gumbel noise of the drafts' positions
+        return model.draft_heads(h, k, src[rows], t, out[rows], lambda z, i: (z.float() / T + noise[:, i]).argmax(-1),
+                                 w, with_logits=True, first=first)
     if proposer is None:
         # p1's own choice is always its argmax: it is the sure token
         window = opts.propose == "window" and opts.eps > 0
         return model.draft_heads(h, k, src[rows], t, out[rows],
-                                 (lambda z: window_centre(z, opts.eps)) if window else None, w)
+                                 (lambda z, i: window_centre(z, opts.eps)) if window else None, w), None
     first = model.logits(h, src[rows], t, w).argmax(-1, keepdim=True)
-    return torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first
+    return (torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first), None
 
 
 def window_centre(logits: torch.Tensor, eps: int) -> torch.Tensor:
@@ -307,15 +346,48 @@ def window_centre(logits: torch.Tensor, eps: int) -> torch.Tensor:
     return mass.view(p.shape).argmax(-1)
 
 
-def _gumbel_source(B, opts, dev, seeds=None):
-    """Per-image Gumbel noise from a per-image generator. With `seeds` (one per image) an image's
-    sample does not depend on its batch; by default image i of the batch gets seed*1_000_003 + i."""
-    noise = torch.empty(B, SEQ_LEN, 256)
+def _sampling_noise(B, opts, dev, seeds=None, speculative=False):
+    """Per-image noise from a per-image generator, by position, so that an image's sample does not
+    depend on its batch (with `seeds`, one per image; by default image i gets seed*1_000_003 + i):
+    (Gumbel noise for each position's sure token (B, 3072, 256), and for speculative sampling the
+    acceptance uniforms (B, 3072) and the drafts' Gumbel noise (B, 3072, 256)). A position's
+    noise is used once for what is kept there: a draft redrawn after an earlier rejection reuses
+    it, but the discarded draft decided nothing that was kept."""
+    first = torch.empty(B, SEQ_LEN, 256)
+    accept, draft = (torch.empty(B, SEQ_LEN), torch.empty(B, SEQ_LEN, 256)) if speculative else (None, None)
     for i in range(B):
         g = torch.Generator().manual_seed(int(seeds[i]) if seeds is not None else opts.seed * 1_000_003 + i)
-        u = torch.rand(SEQ_LEN, 256, generator=g).clamp_(1e-10, 1 - 1e-7)
-        noise[i] = -torch.log(-torch.log(u))
-    return noise.to(dev)
+        first[i] = _gumbel(g, (SEQ_LEN, 256))  # drawn first: k=1 samples as before speculative sampling
+        if speculative:
+            accept[i] = torch.rand(SEQ_LEN, generator=g)
+            draft[i] = _gumbel(g, (SEQ_LEN, 256))
+    return tuple(x.to(dev) if x is not None else None for x in (first, accept, draft))
+
+
+def _gumbel(g, shape):
+    u = torch.rand(shape, generator=g).clamp_(1e-10, 1 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
+def residual_logits(p_logits, q_logits, temperature: float) -> torch.Tensor:
+    """log max(0, p - q), unnormalized (-inf where p <= q), for p = softmax(p_logits / T) and
+    q = softmax(q_logits / T): where a draft sampled from q was rejected, the token drawn from
+    this instead makes the token's distribution exactly p."""
+    p = (p_logits.float() / temperature).softmax(-1)
+    return (p - (q_logits.float() / temperature).softmax(-1)).clamp(min=0).log()
+
+
+def speculative_accepted_length(props, p_logits, q_logits, u, temperature: float) -> torch.Tensor:
+    """Speculative sampling's acceptance (Leviathan et al. 2023; Chen et al. 2023): props (b, k)
+    (the first is already p1's sample), p_logits (b, k, 256) p1 at the positions that predict
+    props[:, 1:], q_logits (b, k-1, 256) what the drafts props[:, 1:] were sampled from, u (b, k-1)
+    uniforms. Draft i is kept with probability min(1, p(x)/q(x)) while all before it were.
+    Returns (b,) accepted counts in 1..k."""
+    x = props[:, 1:, None]
+    p = (p_logits[:, :-1].float() / temperature).softmax(-1).gather(-1, x)[..., 0]
+    q = (q_logits.float() / temperature).softmax(-1).gather(-1, x)[..., 0]
+    ok = u * q < p  # u < p / q without dividing
+    return 1 + ok.long().cumprod(dim=1).sum(dim=1)
 
 
 def greedy(model, lr, **kw) -> DecodeResult:
@@ -383,8 +455,8 @@ DEFAULT_PRIOR_WEIGHT = 2.0
 def options_for(mode: str, k: int = 6, eps: int = 2, temperature: float = 1.0, seed: int = 0,
                 prior_weight: float = 1.0) -> DecodeOptions:
     """The user-facing modes: greedy (k=1), exact (blockwise, identical to greedy),
-    approx (blockwise, accept within eps levels), sample (temperature sampling); all at the
-    given input-prior weight."""
+    approx (blockwise, accept within eps levels), sample (temperature sampling; k > 1 by
+    speculative sampling, with plain sampling's distribution); all at the given input-prior weight."""
     w = prior_weight
     if mode == "greedy":
         return DecodeOptions(k=1, prior_weight=w)
@@ -393,5 +465,5 @@ def options_for(mode: str, k: int = 6, eps: int = 2, temperature: float = 1.0, s
     if mode == "approx":
         return DecodeOptions(k=k, rule="eps", eps=eps, prior_weight=w)
     if mode == "sample":
-        return DecodeOptions(k=1, temperature=temperature, seed=seed, prior_weight=w)
+        return DecodeOptions(k=k, temperature=temperature, seed=seed, prior_weight=w)
     raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")

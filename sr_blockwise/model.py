@@ -577,23 +577,37 @@ class ImageTransformerSR(nn.Module):
         return self._with_prior(z, src, pos, prior_weight), pos
 
     def draft_heads(self, h: torch.Tensor, k: int, src: torch.Tensor, pos: torch.Tensor,
-                    tokens: torch.Tensor, choose=None, prior_weight: float = 1.0) -> torch.Tensor:
+                    tokens: torch.Tensor, choose=None, prior_weight: float = 1.0,
+                    with_logits: bool = False, first: torch.Tensor | None = None):
         """A block's k proposals (b, k) from decoder states h (b, d) that predict positions pos
         (b,), given the decoded intensities tokens (b, S) (read before pos only). The first is
-        p1's argmax; heads 2..k choose with `choose` (logits (b, 256) -> (b,), default argmax).
+        p1's argmax, or `first` (b,) where given (speculative sampling's sampled token); heads
+        2..k choose with `choose(logits, i)`: logits (b, 256) of the head at index i of 2..k (or
+        (b, k-1, 256) and i = slice(None), all at once) -> tokens; default argmax.
         With nbr_draft a head's prior reads the proposals before it, so they are made one head
-        at a time; each equals what `head_logits` gives when the tokens hold those proposals."""
-        choose = choose or (lambda z: z.argmax(-1))
+        at a time; each equals what `head_logits` gives when the tokens hold those proposals.
+        with_logits: also returns the logits heads 2..k chose from, (b, k-1, 256) (the draft
+        distributions speculative sampling verifies against; k=1: None)."""
+        props, head_logits = self._draft(h, k, src, pos, tokens, choose or (lambda z, i: z.argmax(-1)),
+                                         prior_weight, first)
+        return (props, head_logits) if with_logits else props
+
+    def _draft(self, h, k, src, pos, tokens, choose, prior_weight, first=None):
+        """draft_heads' proposals (b, k) and heads 2..k's logits (b, k-1, 256) (None for k=1)."""
         if k > 1 and self.cfg.draft_emb:
-            return self._heads_one_by_one(h, k, src, pos, tokens, choose, prior_weight)[1]
+            logits, props = self._heads_one_by_one(h, k, src, pos, tokens, choose, prior_weight, first)
+            return props, logits[:, 1:]
         z, _ = self._heads_before_nbr(h, k, src, pos, prior_weight)
-        first = z[:, 0].argmax(-1)
-        if k == 1 or not self.cfg.nbr_prior:
-            return torch.cat([first[:, None], choose(z[:, 1:])], 1) if k > 1 else first[:, None]
+        first = z[:, 0].argmax(-1) if first is None else first
+        if k == 1:
+            return first[:, None], None
+        if not self.cfg.nbr_prior:
+            return torch.cat([first[:, None], choose(z[:, 1:], slice(None))], 1), z[:, 1:]
         j = torch.arange(2, k + 1, device=h.device)
         if not self.cfg.nbr_draft:  # every reference is decoded: all heads at once
             nbr = self.neighbour_prior(tokens, pos[:, None] + j - 1, j)
-            return torch.cat([first[:, None], choose(z[:, 1:] + nbr.to(z.dtype))], 1)
+            zh = z[:, 1:] + nbr.to(z.dtype)
+            return torch.cat([first[:, None], choose(zh, slice(None))], 1), zh
         # nbr_draft's references, split into what is decoded (read once, every head at once) and
         # what the loop's own proposals supply; the same helpers neighbour_prior uses, so each
         # head's logits are bit for bit head_logits' (tested). Calling neighbour_prior once per
@@ -605,13 +619,14 @@ class ImageTransformerSR(nn.Module):
 
         left_dec, back4_dec = decoded(u - 3), decoded(u - 4)
         fixed = self._draft_prior_fixed(decoded, u, j)
-        props = [first]
+        props, zs = [first], []
         for i in range(1, k):  # head i+1, target pos + i: proposals made so far are props[0..i-1]
             left = props[i - 3] if i >= 3 else left_dec[:, i - 1]
             back4 = props[i - 4] if i >= 4 else back4_dec[:, i - 1]
             nbr = self._draft_prior(fixed, i - 1, props[i - 1], left, back4)
-            props.append(choose(z[:, i] + nbr.to(z.dtype)))
-        return torch.stack(props, 1)
+            zs.append(z[:, i] + nbr.to(z.dtype))
+            props.append(choose(zs[-1], i - 1))
+        return torch.stack(props, 1), torch.stack(zs, 1)
 
     def _draft_prior_fixed(self, read, u, j):
         """nbr_draft's parts that do not depend on the block's proposals, for heads j (k-1,)
@@ -661,7 +676,7 @@ class ImageTransformerSR(nn.Module):
 
         return self._draft_embed(read(u - 1), read(u - 3), self._draft_rows(u))
 
-    def _heads_one_by_one(self, h, k, src, pos, tokens, choose=None, prior_weight=1.0):
+    def _heads_one_by_one(self, h, k, src, pos, tokens, choose=None, prior_weight=1.0, first=None):
         """draft_emb's heads, one at a time: each reads the intensities before its target from
         `tokens`. With `choose` (drafting) each head's proposal is written into a copy of tokens
         before the next head runs; without, tokens are the targets (training's teacher forcing,
@@ -684,7 +699,7 @@ class ImageTransformerSR(nn.Module):
 
         dev = h.device
         p1 = self._with_prior(self.out_proj(h), src, pos, prior_weight)
-        logits, props = [p1], [p1.argmax(-1)]
+        logits, props = [p1], [p1.argmax(-1) if first is None else first]
         if choose is not None:
             buf.scatter_(1, pos.reshape(B, -1), props[0].reshape(B, -1))
         # heads 2..k: targets u, as (..., k-1)
@@ -714,7 +729,7 @@ class ImageTransformerSR(nn.Module):
                 z = z + nbr_all[..., a, :].to(z.dtype)
             logits.append(z)
             if choose is not None:
-                props.append(choose(z))
+                props.append(choose(z, a))
                 buf.scatter_(1, ua.reshape(B, -1).clamp(max=S - 1), props[-1].reshape(B, -1))
         return torch.stack(logits, -2), (torch.stack(props, -1) if choose is not None else None)
 

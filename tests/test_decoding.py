@@ -5,7 +5,7 @@ import torch
 
 from conftest import make_tiny
 from sr_blockwise.decoding import (DecodeOptions, accepted_length, decode, exact_block_stats, greedy,
-                                   options_for, window_centre)
+                                   options_for, residual_logits, speculative_accepted_length, window_centre)
 from sr_blockwise.data import to_tokens
 from sr_blockwise.model import SEQ_LEN
 
@@ -180,6 +180,58 @@ def test_sampling_is_seeded_and_batch_invariant():
     both = decode(m, lr, opts, seeds=[11, 12])
     second = decode(m, lr[1:], opts, seeds=[12])
     np.testing.assert_array_equal(second.images[0], both.images[1])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_speculative_rule_gives_tokens_distributed_as_p(temperature):
+    """One position, many times: a draft x ~ q kept with probability min(1, p(x)/q(x)), else a
+    token drawn from max(0, p - q), is distributed as p, however far q is from p."""
+    g = torch.Generator().manual_seed(0)
+    p_logits = torch.randn(256, generator=g, dtype=torch.float64) * 3
+    q_logits = p_logits + torch.randn(256, generator=g, dtype=torch.float64) * 3  # a poor draft
+    N, T = 60_000, temperature
+
+    def gumbel():
+        return -torch.log(-torch.log(torch.rand(N, 256, generator=g, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)))
+
+    x = (q_logits / T + gumbel()).argmax(-1)
+    props = torch.stack([torch.zeros_like(x), x], 1)
+    n = speculative_accepted_length(props, p_logits.expand(N, 2, 256), q_logits.expand(N, 1, 256),
+                                    torch.rand(N, 1, generator=g, dtype=torch.float64), T)
+    resampled = (residual_logits(p_logits, q_logits, T) + gumbel()).argmax(-1)
+    y = torch.where(n == 2, x, resampled)
+    p = (p_logits / T).softmax(-1)
+    tv = lambda tokens: 0.5 * (torch.bincount(tokens, minlength=256) / N - p).abs().sum().item()
+    assert tv(y) < 0.02, tv(y)
+    assert tv(x) > 0.15  # the drafts alone are far from p: the test can fail
+    assert 0.1 < (n == 2).double().mean() < 0.9  # both branches were exercised
+
+
+def test_speculative_sampling_matches_plain_sampling(setup64):
+    """k > 1 sampling: drafts are accepted (blocks > 1), the samples are as likely under the
+    model as plain samples (greedy's are far likelier), and an image's sample does not depend
+    on its batch."""
+    m, lr, g = setup64
+    src = torch.from_numpy(to_tokens(lr))
+
+    def nll(images, T):  # mean -log p(token | prefix) at temperature T, teacher-forced
+        out = torch.from_numpy(to_tokens(images))
+        with torch.no_grad():
+            logp = (m.logits(m(src, out), src) / T).log_softmax(-1)
+        return -logp.gather(-1, out[..., None]).mean().item()
+
+    for T in (1.0, 0.5):
+        plain = decode(m, lr, DecodeOptions(k=1, temperature=T, seed=5))
+        spec = decode(m, lr, DecodeOptions(k=4, temperature=T, seed=5))
+        assert all(s.mean_block > 1.1 for s in spec.stats), [s.mean_block for s in spec.stats]
+        assert not np.array_equal(spec.images, plain.images)
+        assert abs(nll(spec.images, T) - nll(plain.images, T)) < 0.05
+        assert nll(g.images, T) < nll(plain.images, T) - 1
+    alone = decode(m, lr[2:], DecodeOptions(k=4, temperature=0.5, seed=5), seeds=[5 * 1_000_003 + 2])
+    np.testing.assert_array_equal(alone.images[0], spec.images[2])
+    assert alone.stats[0].block_hist == spec.stats[2].block_hist
+    with pytest.raises(ValueError, match="speculative sampling's own rule"):
+        decode(m, lr, DecodeOptions(k=4, temperature=1.0, rule="eps", eps=2))
 
 
 def test_bad_inputs_are_refused_with_reasons():

@@ -238,7 +238,7 @@ def test_draft_heads_propose_what_head_logits_give_on_those_proposals(nbr_draft,
     b = len(pos)
     h = torch.randn(b, m.cfg.d_model, dtype=torch.float64)
     src, toks = torch.randint(0, 256, (b, 192)), torch.randint(0, 256, (b, SEQ_LEN + K))
-    choose = (lambda z: window_centre(z, 2)) if window else None
+    choose = (lambda z, i: window_centre(z, 2)) if window else None
     with torch.no_grad():
         for k in (1, 2, 6, K):
             props = m.draft_heads(h, k, src, pos, toks, choose)
@@ -249,6 +249,20 @@ def test_draft_heads_propose_what_head_logits_give_on_those_proposals(nbr_draft,
             want = z.argmax(-1) if not window else torch.cat([z[:, :1].argmax(-1), window_centre(z[:, 1:], 2)], 1)
             assert torch.equal(props, want), k
             assert torch.equal(props[:, 0], m.logits(h, src, pos).argmax(-1))  # p1 is the sure token
+        # speculative sampling's drafts: a given first token, heads sampling by Gumbel noise, and
+        # the logits they sampled from (what verification compares p1 with)
+        first = torch.randint(0, 256, (b,))
+        for k in (2, 6, K):
+            noise = torch.rand(b, k - 1, 256, dtype=torch.float64) * 3
+            props, zq = m.draft_heads(h, k, src, pos, toks, lambda z, i: (z + noise[:, i]).argmax(-1),
+                                      with_logits=True, first=first)
+            filled = toks.clone()
+            for r in range(b):
+                filled[r, pos[r]:pos[r] + k] = props[r]
+            z = m.head_logits(h, k, src, pos, filled)
+            assert torch.equal(props[:, 0], first)
+            torch.testing.assert_close(zq, z[:, 1:], rtol=0, atol=0)
+            assert torch.equal(props[:, 1:], (z[:, 1:] + noise).argmax(-1)), k
 
 
 @pytest.mark.parametrize("n_lookups", [5, 3000])  # a few (decoding's gather) and many (training's windows)

@@ -421,3 +421,23 @@ def test_formats_pillow_cannot_decode_are_not_picked_up(tmp_path, capsys, rng):
     assert {".wmf", ".emf"}.isdisjoint(upscale.readable_exts())
     rows = dry_run(capsys, [str(tmp_path / "in"), "-o", str(tmp_path / "out")])
     assert [Path(i).name for _, i, _ in rows] == ["a.png"]
+
+
+def test_sample_mode_speculative_with_k_and_plain_with_k1(tmp_path, tiny_weights, rng):
+    """--mode sample --k 4 samples by speculative sampling (blocks > 1 token), reproducibly and
+    whatever the batch; --k 1 is plain sampling (one token per call)."""
+    for i in range(2):
+        save(tmp_path / "in" / f"f{i}.png", tiny8(rng))
+    flags = ["--weights", tiny_weights, "--threads", "1", "--mode", "sample", "--seed", "7", "--quiet"]
+    runs = {}
+    for name, extra in (("k4", ["--k", "4"]), ("k4-alone", ["--k", "4", "--batch-size", "1"]), ("k1", ["--k", "1"])):
+        met = tmp_path / f"{name}.json"
+        assert main([str(tmp_path / "in"), "-o", str(tmp_path / name), "--metrics", str(met)] + flags + extra) == 0
+        rows = sorted(json.loads(met.read_text())["images"], key=lambda r: r["input"])
+        imgs = [np.asarray(Image.open(tmp_path / name / f"f{i}.png")) for i in range(2)]
+        runs[name] = (rows, imgs)
+    assert all(r["mean_block"] > 1.1 for r in runs["k4"][0])
+    assert all(r["mean_block"] == 1 for r in runs["k1"][0])
+    for i in range(2):
+        np.testing.assert_array_equal(runs["k4"][1][i], runs["k4-alone"][1][i])
+        assert not np.array_equal(runs["k4"][1][i], runs["k1"][1][i])
