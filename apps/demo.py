@@ -214,7 +214,7 @@ def block_map_image(block_map: np.ndarray, done: int, k: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- stats
 
-TITLES = {"exact": "Exact", "approx": "Approximate", "greedy": "Greedy"}
+TITLES = {"exact": "Exact", "approx": "Approximate", "greedy": "Greedy", "sample": "Sample"}
 
 
 def mode_label(mode: str, opts) -> str:
@@ -222,6 +222,9 @@ def mode_label(mode: str, opts) -> str:
         return "Greedy (k=1)"
     if mode == "exact":
         return f"Exact (k={opts.k})"
+    if mode == "sample":
+        how = "speculative, " if opts.k > 1 else ""
+        return f"Sample ({how}k={opts.k}, T={opts.temperature:g}, seed {opts.seed})"
     return f"Approximate (k={opts.k}, eps={opts.eps})"
 
 
@@ -234,7 +237,8 @@ def running_markdown(mode: str, opts, fr: Frame) -> str:
 
 def result_stats(mode: str, opts, res) -> dict:
     st = res.stats[0]
-    return {"mode": mode, "k": opts.k, "rule": opts.rule, "eps": opts.eps, "calls": st.calls,
+    return {"mode": mode, "k": opts.k, "rule": opts.rule, "eps": opts.eps, "temperature": opts.temperature,
+            "seed": opts.seed if opts.temperature else None, "calls": st.calls,
             "greedy_calls": GREEDY_CALLS, "speedup_calls": GREEDY_CALLS / st.calls,
             "mean_block": st.mean_block, "block_hist": st.block_hist, "seconds": st.seconds}
 
@@ -280,7 +284,9 @@ INTRO = """# sr-blockwise: 8x8 → 32x32 faces, decoded live
 An Image Transformer writes the 32x32 face one intensity at a time (3,072 of them). Blockwise
 parallel decoding (Stern et al. 2018) lets extra heads propose **k** intensities at once and keeps
 the longest run the model agrees with: **exact** mode gives the greedy image in fewer model
-calls; **approximate** mode also accepts proposals within **eps** levels, for bigger blocks."""
+calls; **approximate** mode also accepts proposals within **eps** levels, for bigger blocks;
+**sample** draws a random face by speculative sampling: the heads' sampled proposals are kept
+or redrawn so that the face is a true sample of the model, in fewer calls."""
 
 MAP_HELP = """Block maps colour each pixel by the length of the blocks its intensities were accepted in:
 1 per call (as greedy) <span class="legend"></span> k per call; grey: not decoded yet."""
@@ -351,6 +357,9 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                             info="accept a proposal within eps intensity levels of the model's own choice")
             with_greedy = gr.Checkbox(False, label="also run greedy",
                                       info="3,072 model calls: slow, but measures the wall-clock speedup")
+            with_sample = gr.Checkbox(False, label="also sample", elem_id="with-sample",
+                                      info="a random face from the model at this temperature (k > 1: "
+                                           "speculative sampling, the same distribution in fewer calls)")
             match = gr.Checkbox(True, label="match the 8x8 input", elem_id="match",
                                 info="shift each 4x4 block's colour so that it averages to its input pixel "
                                      "(back-projection): fixes colour drift and collapsed patches; "
@@ -360,13 +369,18 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                                  info="weight of the model's learned pull toward the 8x8 input's own "
                                       "colours (1: as trained; higher: closer to the input, longer "
                                       "blocks; very high: a blocky upscale)")
+            temperature = gr.Slider(0.1, 1.5, value=0.8, step=0.05, label="temperature (sample)",
+                                    elem_id="temperature",
+                                    info="1: the model's own distribution; lower: safer, smoother faces")
+            seed = gr.Number(0, precision=0, minimum=0, label="seed (sample)", elem_id="seed",
+                             info="the same seed and settings give the same face")
         go = gr.Button("Upscale", variant="primary", elem_id="go")
         status = gr.Markdown(elem_id="status")
         with gr.Row(equal_height=False):
             bicubic_img = small_image("Bicubic", "bicubic")
             cols, outs = {}, {}
-            for mode in ("exact", "approx", "greedy"):
-                with gr.Column(min_width=160, visible=mode != "greedy") as col:
+            for mode in ("exact", "approx", "greedy", "sample"):
+                with gr.Column(min_width=160, visible=mode in ("exact", "approx")) as col:
                     img = small_image(TITLES[mode], f"out-{mode}")
                     bmap = small_image(f"{TITLES[mode]}: block map", f"map-{mode}", height=120)
                     md = gr.Markdown(elem_id=f"stats-{mode}")
@@ -381,10 +395,16 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         all_outputs = [lr_img, real_img, note, bicubic_img, status,
                        *[c for m in outs for c in outs[m]], stats_json]
 
-        def upscale(path, crop_how, k_val, eps_val, greedy_too, match_8x8=True, prior_w=w0):
+        def upscale(path, crop_how, k_val, eps_val, greedy_too, match_8x8=True, prior_w=w0,
+                    sample_too=False, temp=0.8, seed_val=0):
             p = user_input(path, crop_how)
-            k_val, eps_val, prior_w = int(k_val), int(eps_val), float(prior_w)
-            modes = ["exact", "approx"] + (["greedy"] if greedy_too else [])
+            k_val, eps_val, prior_w, temp, seed_val = int(k_val), int(eps_val), float(prior_w), float(temp), int(seed_val or 0)
+            if sample_too and not temp > 0:
+                raise gr.Error("The temperature must be above 0 to sample.", title="Bad setting", print_exception=False)
+            modes = ["exact", "approx"] + (["greedy"] if greedy_too else []) + (["sample"] if sample_too else [])
+
+            def mode_options(mode):
+                return options_for(mode, k_val, eps_val, temperature=temp, seed=seed_val, prior_weight=prior_w)
             stats = {"weights": weights_name, "input": p.info, "match_input": bool(match_8x8),
                      "prior_weight": prior_w}
             images = {}  # as shown (matched or not): the stats compare what the page shows
@@ -397,7 +417,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
             yield dict(view)
             # the modes decode one after another, not at once: on a CPU their timings stay honest
             for mode in modes:
-                opts = options_for(mode, k_val, eps_val, prior_weight=prior_w)
+                opts = mode_options(mode)
                 img, bmap, md = outs[mode]
                 try:
                     for item in decode_live(model, p.lr, opts, progress_every, time_limit=time_limit):
@@ -421,8 +441,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                                    print_exception=False) from None
             compare(stats, images)
             for mode in modes:
-                view[outs[mode][2]] = final_markdown(mode, options_for(mode, k_val, eps_val, prior_weight=prior_w),
-                                                     stats[mode])
+                view[outs[mode][2]] = final_markdown(mode, mode_options(mode), stats[mode])
             view[status] = "Done: " + ", ".join(f"{m} {stats[m]['seconds']:.2f} s" for m in modes) + "."
             view[stats_json] = stats
             yield view
@@ -442,9 +461,12 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         cb_gallery.select(picker(cb_paths), None, photo, api_visibility="private", queue=False)
         with_greedy.change(lambda v: gr.Column(visible=v), with_greedy, cols["greedy"],
                            api_visibility="private", queue=False)
+        with_sample.change(lambda v: gr.Column(visible=v), with_sample, cols["sample"],
+                           api_visibility="private", queue=False)
         # one decode at a time, first come first served (the queue is bounded in launch): on a
         # few CPU cores parallel decodes would only slow each other down
-        go.click(upscale, [photo, crop, k, eps, with_greedy, match, guidance], all_outputs, api_name="upscale",
+        go.click(upscale, [photo, crop, k, eps, with_greedy, match, guidance, with_sample, temperature, seed],
+                 all_outputs, api_name="upscale",
                  concurrency_limit=1, concurrency_id="decode", show_progress="full",
                  show_progress_on=[status])
     demo.example_dir = example_dir

@@ -259,6 +259,23 @@ def test_client_upscale_matches_library(server, files, model):
     assert out[-1]["match_input"] is True and out[-1]["prior_weight"] == DEFAULT_PRIOR_WEIGHT
 
 
+def test_client_sample_is_the_librarys_speculative_sample(server, files, model):
+    """"also sample": the page's sample is the library's (speculative at k > 1) for that seed and
+    temperature; another seed draws another face."""
+    from gradio_client import Client, handle_file
+    client = Client(server, verbose=False, analytics_enabled=False, download_files=False)
+    args = [handle_file(files["astronaut"]), "centre square", K, EPS, False, False, 1.0, True, 0.8]
+    out = client.predict(*args, 3, api_name="/upscale")
+    lr, _ = image_to_input(open_rgb(files["astronaut"]))
+    ref = decode(model, lr[None], options_for("sample", K, EPS, temperature=0.8, seed=3, prior_weight=1.0))
+    assert (fetch(out[14]) == ref.images[0]).all()
+    s = out[-1]["sample"]
+    assert (s["k"], s["temperature"], s["seed"], s["block_hist"]) == (K, 0.8, 3, ref.stats[0].block_hist)
+    assert s["mean_block"] > 1
+    other = client.predict(*args, 4, api_name="/upscale")
+    assert not (fetch(other[14]) == ref.images[0]).all()
+
+
 # ---------------------------------------------------------------- in a real browser
 
 @pytest.mark.skipif(shutil.which("chromium") is None and not os.environ.get("CI"),
