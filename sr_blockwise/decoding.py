@@ -158,6 +158,8 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     sampling seed per image (temperature > 0), so a sample does not depend on its batch."""
     opts = opts or DecodeOptions()
     opts.check(model)
+    if proposer is not None and opts.temperature > 0 and opts.k > 1:
+        raise ValueError("speculative sampling verifies the heads' draft distributions: not with a proposer")
     lr = check_input(lr)
     dev = next(model.parameters()).device
     src = torch.from_numpy(to_tokens(lr)).to(dev)
@@ -326,8 +328,10 @@ def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, reject
         if k == 1:
             return first[:, None], None
         targets = (t[:, None] + torch.arange(1, k, device=t.device)).clamp(max=SEQ_LEN - 1)
-        noise = gen[2][rows[:, None], targets]  # (b, k-1, 256) Gumbel noise of the drafts' positions
-        return model.draft_heads(h, k, src[rows], t, out[rows], lambda z, i: (z.float() / T + noise[:, i]).argmax(-1),
+        # the drafts' positions' Gumbel noise (b, k-1, 256), times T: argmax(z + T g) = argmax(z / T + g),
+        # and the temperature stays out of the compiled draft_heads (a new T compiles nothing new)
+        noise = gen[2][rows[:, None], targets] * T
+        return model.draft_heads(h, k, src[rows], t, out[rows], lambda z, i: (z.float() + noise[:, i]).argmax(-1),
                                  w, with_logits=True, first=first)
     if proposer is None:
         # p1's own choice is always its argmax: it is the sure token

@@ -232,6 +232,8 @@ def test_speculative_sampling_matches_plain_sampling(setup64):
     assert alone.stats[0].block_hist == spec.stats[2].block_hist
     with pytest.raises(ValueError, match="speculative sampling's own rule"):
         decode(m, lr, DecodeOptions(k=4, temperature=1.0, rule="eps", eps=2))
+    with pytest.raises(ValueError, match="not with a proposer"):
+        decode(m, lr, DecodeOptions(k=4, temperature=1.0), proposer=oracle_proposer(to_tokens(g.images), 0.1))
 
 
 def test_bad_inputs_are_refused_with_reasons():
