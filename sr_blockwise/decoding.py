@@ -10,7 +10,7 @@ Sampling (temperature > 0) with k > 1 is speculative sampling (Leviathan et al. 
 2023) on the same merged loop: the first token is p1's sample, the heads sample their drafts, and
 a draft is kept with probability min(1, p(x)/q(x)); at the first rejection the token is drawn
 from max(0, p - q) instead, and becomes the next block's first token. The samples then have
-exactly plain sampling's distribution, one token per call.
+exactly the distribution of plain sampling (one token per call), in fewer calls.
 
 Each image keeps its own position and accepted length: finished images leave the batch, and
 every call has the same shape (k tokens per image), so an image's output does not depend on the
@@ -41,7 +41,7 @@ class DecodeOptions:
     min_block: int = 1  # accept at least this many tokens per call, whatever the rule says
     # > 0: sample at this temperature; with k > 1 by speculative sampling (the heads' sampled
     # drafts accepted with probability min(1, p/q), a rejected one resampled from max(0, p - q)):
-    # the output has the distribution of plain sampling, one token per call. 0: greedy / blockwise
+    # the output has the distribution of plain one-token-per-call sampling. 0: greedy / blockwise
     temperature: float = 0.0
     seed: int = 0
     # how heads 2..k propose: "argmax" (the paper) or, for the eps rule, "window": the centre of
