@@ -459,10 +459,8 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
 
         ex_gallery.select(picker(ex_paths), None, photo, api_visibility="private", queue=False)
         cb_gallery.select(picker(cb_paths), None, photo, api_visibility="private", queue=False)
-        with_greedy.change(lambda v: gr.Column(visible=v), with_greedy, cols["greedy"],
-                           api_visibility="private", queue=False)
-        with_sample.change(lambda v: gr.Column(visible=v), with_sample, cols["sample"],
-                           api_visibility="private", queue=False)
+        for box, mode in ((with_greedy, "greedy"), (with_sample, "sample")):  # the optional columns
+            box.change(lambda v: gr.Column(visible=v), box, cols[mode], api_visibility="private", queue=False)
         # one decode at a time, first come first served (the queue is bounded in launch): on a
         # few CPU cores parallel decodes would only slow each other down
         go.click(upscale, [photo, crop, k, eps, with_greedy, match, guidance, with_sample, temperature, seed],

@@ -207,14 +207,15 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         h = model.step(cache, props, tr + 1, rows=None if len(rows) == B else rows)  # (b, k, d)
         n_calls += 1
         calls[rows.cpu()] += 1
-        reject_q = None
+        nxt = None
         if speculative:
             plog = model.logits(h, src[rows], (tr + 1)[:, None] + ar, w)
             u = gen[1][rows[:, None], (tr[:, None] + ar[1:]).clamp(max=SEQ_LEN - 1)]
             n = speculative_accepted_length(props, plog, qlog, u, opts.temperature)
-            # where draft n was rejected, the next block's sure token is drawn from max(0, p - q)
-            reject_q = torch.where((n < k)[:, None], qlog[torch.arange(len(rows), device=dev), (n - 1).clamp(max=k - 2)],
-                                   torch.full_like(qlog[:, 0], float("nan")))
+            # the next block's sure token: p1's logits there are this call's (no second out_proj),
+            # and where draft n was rejected it is drawn from max(0, p - q) for that draft's q
+            b_ar = torch.arange(len(rows), device=dev)
+            nxt = (plog[b_ar, n - 1], qlog[b_ar, (n - 1).clamp(max=k - 2)], n < k)
         elif k > 1:
             n = accepted_length(props, model.logits(h, src[rows], (tr + 1)[:, None] + ar, w), opts)
         else:
@@ -234,9 +235,9 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         h_next = h[torch.arange(len(rows), device=dev), n - 1]
         live = ~done
         rows, h_next = rows[live], h_next[live]
-        reject_q = reject_q[live] if reject_q is not None else None
+        nxt = tuple(x[live] for x in nxt) if nxt is not None else None
         if len(rows):
-            props, qlog = _propose(model, h_next, k, opts, w, gen, t[rows], rows, src, out, proposer, reject_q)
+            props, qlog = _propose(model, h_next, k, opts, w, gen, t[rows], rows, src, out, proposer, nxt)
         if progress is not None and n_calls % progress_every == 0:
             progress(out[:, :SEQ_LEN].cpu().numpy(), t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
 
@@ -306,23 +307,24 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
     return out
 
 
-def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, reject_q=None):
+def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, verified=None):
     """k proposals from the decoder state h (b, d) that predicts position t (b,) of images `rows`
     of the batch's input src, whose confirmed tokens are out[rows, :t], at guidance weight w
     (opts.prior_weight, as decode passes it). The first is always
     p1's own choice (so it needs no verification); the others come from the heads, or from
     `proposer(t, rows, k)` -> (b, k-1) tokens when one is given (e.g. a draft model).
-    Sampling (gen: _sampling_noise's tables): the first token is p1's sample, or, where
-    reject_q (b, 256) is not NaN, a sample of max(0, p1 - q) for the draft q rejected there; heads
-    2..k then sample their drafts. -> (proposals (b, k), the drafts' logits (b, k-1, 256) when
-    sampling with k > 1, else None)."""
+    Sampling (gen: _sampling_noise's tables): the first token is p1's sample; heads 2..k then
+    sample their drafts. verified: after a speculative call, (p1's logits at h (b, 256), the
+    logits q (b, 256) of the draft verified there, whether it was rejected (b,)): where it was,
+    the first token is drawn from max(0, p1 - q). -> (proposals (b, k), the drafts' logits
+    (b, k-1, 256) when sampling with k > 1, else None)."""
     if opts.temperature > 0:
         T = opts.temperature
-        raw = model.logits(h, src[rows], t, w)
+        raw = model.logits(h, src[rows], t, w) if verified is None else verified[0]
         logits = raw.float() / T
-        if reject_q is not None:  # NaN rows: no draft was rejected there
-            residual = residual_logits(raw, reject_q, T)
-            rejected = ~reject_q[:, 0].isnan() & residual.isfinite().any(-1)
+        if verified is not None:
+            residual = residual_logits(raw, verified[1], T)
+            rejected = verified[2] & residual.isfinite().any(-1)  # p == q leaves no residual: p
             logits = torch.where(rejected[:, None], residual, logits)
         first = (logits + gen[0][rows, t]).argmax(-1)
         if k == 1:
