@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import check_input, from_tokens, to_tokens
+from . import engine as native
 from .model import SEQ_LEN, ImageTransformerSR
 
 RULES = ("exact", "eps", "topk", "oracle")
@@ -149,23 +150,60 @@ def accepted_length(props: torch.Tensor, verify_logits: torch.Tensor, opts: Deco
     return n.clamp(min=opts.min_block)
 
 
+ENGINES = ("auto", "native", "torch")
+
+
+def engine_for(model: ImageTransformerSR, opts: DecodeOptions, engine: str = "auto") -> str:
+    """Which engine decodes: "native" (sr_blockwise/engine.cpp: a whole blockwise step of a
+    batch in one call, float32) wherever it can, else "torch" (the PyTorch step: sampling,
+    head1='layer' models, GPUs, machines without a C++ compiler)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose from {ENGINES}")
+    why = None
+    if opts.temperature > 0:
+        why = "sampling runs on the torch engine"
+    elif next(model.parameters()).device.type != "cpu":
+        why = "the native engine runs on the CPU"
+    elif native.supports(model):
+        why = native.supports(model)
+    elif not native.available():
+        why = "the native engine could not be built here"
+    if engine == "native" and why:
+        raise ValueError(why)
+    return "torch" if (engine == "torch" or why) else "native"
+
+
+def native_weights(model: ImageTransformerSR) -> native.Weights:
+    """The model's weights packed for the native engine, once per model (kept on it)."""
+    packed = getattr(model, "_native_weights", None)
+    if packed is None:
+        packed = native.Weights(model)
+        model._native_weights = packed
+    return packed
+
+
 @torch.no_grad()
 def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, progress=None,
-           progress_every: int = 64, proposer=None, seeds=None) -> DecodeResult:
+           progress_every: int = 64, proposer=None, seeds=None, engine: str = "auto") -> DecodeResult:
     """Decode a batch of 8x8 inputs (B,8,8,3) uint8 into 32x32 faces.
     progress(tokens (B,3072) np, done_counts (B,) np, block_map (B,3072) np, calls): called
     every `progress_every` model calls, for live display. proposer: see _propose. seeds: one
-    sampling seed per image (temperature > 0), so a sample does not depend on its batch."""
+    sampling seed per image (temperature > 0), so a sample does not depend on its batch.
+    engine: see engine_for; exact mode equals greedy decoding on the same engine."""
     opts = opts or DecodeOptions()
     opts.check(model)
     if proposer is not None and opts.temperature > 0 and opts.k > 1:
         raise ValueError("speculative sampling verifies the heads' draft distributions: not with a proposer")
     lr = check_input(lr)
+    if seeds is not None and len(seeds) != len(lr):
+        raise ValueError(f"got {len(seeds)} seeds for {len(lr)} images")
+    if engine_for(model, opts, engine) == "native":
+        return _decode_native(model, lr, opts, progress, progress_every, proposer)
     dev = next(model.parameters()).device
     src = torch.from_numpy(to_tokens(lr)).to(dev)
     B, k = src.shape[0], opts.k
     # a guidance weight other than 1 goes to the model as a tensor, made once: compiled decoding
-    # (compile_for_decoding) then reads it as an input instead of compiling again for each value
+    # reads it as an input
     w = opts.prior_weight if opts.prior_weight == 1 else torch.tensor(opts.prior_weight, dtype=torch.float64, device=dev)
     t0 = time.perf_counter()
 
@@ -176,8 +214,6 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     hist = torch.zeros(B, k, dtype=torch.long)
     calls = torch.ones(B, dtype=torch.long)
     finish = np.zeros(B)
-    if seeds is not None and len(seeds) != B:
-        raise ValueError(f"got {len(seeds)} seeds for {B} images")
     speculative = opts.temperature > 0 and k > 1
     gen = _sampling_noise(B, opts, dev, seeds, speculative) if opts.temperature > 0 else None
     qlog = None  # speculative sampling: the logits heads 2..k drew the block's drafts from
@@ -247,12 +283,48 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     if progress is not None:
         progress(tokens, t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
     return DecodeResult(from_tokens(tokens), stats, bmap[:, :SEQ_LEN].cpu().numpy().astype(np.uint8),
-                        seconds, n_calls)
+                        seconds, n_calls, {"engine": "torch"})
+
+
+def _decode_native(model, lr, opts, progress, progress_every, proposer) -> DecodeResult:
+    """decode on the native engine: one call per blockwise step of the whole batch; the loop here
+    only notes when images finish and hands proposals to a `proposer` if one is given."""
+    t0 = time.perf_counter()
+    src = torch.from_numpy(to_tokens(lr)).cpu()
+    B, k = len(lr), opts.k
+    batch = native.Batch(native_weights(model), src, k, opts.prior_weight)
+    window = opts.eps if opts.propose == "window" and opts.eps > 0 else 0
+    copts = batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window)
+    rows = torch.arange(B, dtype=torch.int64)
+    batch.start(copts, rows)
+    if proposer is not None and k > 1:
+        batch.props[:, 1:] = proposer(batch.t.clone(), rows.clone(), k)
+    finish = np.zeros(B)
+    live, n_calls = B, 1
+    while live:
+        before = rows[:live].clone()
+        live = batch.iterate(copts, rows, live, propose=proposer is None)
+        n_calls += 1
+        if live < len(before):
+            now = time.perf_counter() - t0
+            finish[np.setdiff1d(before.numpy(), rows[:live].numpy())] = now
+        if proposer is not None and k > 1 and live:
+            r = rows[:live].clone()
+            batch.props[r, 1:] = proposer(batch.t[r], r, k).to(torch.int64)
+        if progress is not None and n_calls % progress_every == 0:
+            progress(batch.tokens[:, :SEQ_LEN].numpy().copy(), batch.t.numpy().copy(), batch.block_map.numpy().copy(), n_calls)
+    seconds = time.perf_counter() - t0
+    tokens = batch.tokens[:, :SEQ_LEN].numpy().copy()
+    stats = [DecodeStats(int(batch.calls[i]), batch.hist[i].tolist(), float(finish[i])) for i in range(B)]
+    if progress is not None:
+        progress(tokens, batch.t.numpy().copy(), batch.block_map.numpy().copy(), n_calls)
+    return DecodeResult(from_tokens(tokens), stats, batch.block_map.numpy().copy(), seconds, n_calls,
+                        {"engine": "native"})
 
 
 @torch.no_grad()
 def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: int = 64,
-                      prior_weight: float = 1.0) -> dict:
+                      prior_weight: float = 1.0, engine: str = "auto") -> dict:
     """Exact mode's accepted blocks for every k in ks, without decoding it: {k: [DecodeStats]}.
 
     In exact mode the output is the greedy output, so every call's prefix is a greedy prefix, and
@@ -265,31 +337,17 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
     is not a timing. prior_weight: the greedy outputs' (DecodeOptions.prior_weight). Raises if p1's argmax anywhere differs from the greedy token given (then the
     states are not the decoder's and the walk would be wrong)."""
     lr = check_input(lr)
-    dev = next(model.parameters()).device
-    src = torch.from_numpy(to_tokens(lr)).to(dev)
     greedy_images = np.asarray(greedy_images)
-    B = src.shape[0]
+    B = len(lr)
     if greedy_images.shape != (B, 32, 32, 3):
         raise ValueError(f"expected {B} greedy outputs of shape (32, 32, 3), got {greedy_images.shape}")
-    y = torch.from_numpy(to_tokens(greedy_images)).to(dev)
     ks = sorted(set(ks))
     if not 1 <= min(ks) <= max(ks) <= model.cfg.n_blockwise:
         raise ValueError(f"k must be in 1..{model.cfg.n_blockwise}, got {ks}")
-    cache = model.new_cache(src, max_extra=chunk)
-    prev = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev), y[:, :-1]], 1)
-    later = torch.cat([y, y[:, -1:].expand(B, max(ks))], 1)  # past the end: padding, never read
-    # agree[k][b, t, j]: head j+2 of a k-head block starting at t proposes greedy's token t+j+1
-    agree = {k: torch.zeros(B, SEQ_LEN, max(k - 1, 0), dtype=torch.bool) for k in ks}
-    for s in range(0, SEQ_LEN, chunk):
-        h = model.step(cache, prev[:, s:s + chunk], torch.full((B,), s, device=dev))
-        n = h.shape[1]
-        pos = s + torch.arange(n, device=dev).expand(B, n)
-        if not torch.equal(model.logits(h, src, pos, prior_weight).argmax(-1), y[:, s:s + n]):
-            raise ValueError("these are not the model's greedy tokens (p1 disagrees): cannot replay")
-        for k in [k for k in ks if k > 1]:  # k=1 has no proposals: every block is 1 token
-            props = model.head_logits(h, k, src, pos, y, prior_weight).argmax(-1)[..., 1:]  # (B, n, k-1)
-            want = torch.stack([later[:, s + j + 1:s + j + 1 + n] for j in range(k - 1)], -1)
-            agree[k][:, s:s + n] = (props == want).cpu()
+    if engine_for(model, DecodeOptions(prior_weight=prior_weight), engine) == "native":
+        agree = _agreement_native(model, lr, greedy_images, ks, prior_weight)
+    else:
+        agree = _agreement_torch(model, lr, greedy_images, ks, chunk, prior_weight)
     out = {}
     for k in ks:
         # block accepted at each t, as Python ints: the walk below reads one per step
@@ -305,6 +363,60 @@ def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: i
             stats.append(DecodeStats(calls, hist, 0.0))
         out[k] = stats
     return out
+
+
+
+def _agreement_torch(model, lr, greedy_images, ks, chunk, prior_weight):
+    """exact_block_stats' agreement tables on the torch engine: {k: (B, 3072, k-1) bool}."""
+    dev = next(model.parameters()).device
+    src = torch.from_numpy(to_tokens(lr)).to(dev)
+    B = src.shape[0]
+    y = torch.from_numpy(to_tokens(greedy_images)).to(dev)
+    cache = model.new_cache(src, max_extra=chunk)
+    prev = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev), y[:, :-1]], 1)
+    later = torch.cat([y, y[:, -1:].expand(B, max(ks))], 1)  # past the end: padding, never read
+    # agree[k][b, t, j]: head j+2 of a k-head block starting at t proposes greedy's token t+j+1
+    agree = {k: torch.zeros(B, SEQ_LEN, max(k - 1, 0), dtype=torch.bool) for k in ks}
+    for s in range(0, SEQ_LEN, chunk):
+        h = model.step(cache, prev[:, s:s + chunk], torch.full((B,), s, device=dev))
+        n = h.shape[1]
+        pos = s + torch.arange(n, device=dev).expand(B, n)
+        if not torch.equal(model.logits(h, src, pos, prior_weight).argmax(-1), y[:, s:s + n]):
+            raise ValueError("these are not the model's greedy tokens (p1 disagrees): cannot replay")
+        for k in [k for k in ks if k > 1]:  # k=1 has no proposals: every block is 1 token
+            props = model.head_logits(h, k, src, pos, y, prior_weight).argmax(-1)[..., 1:]  # (B, n, k-1)
+            want = torch.stack([later[:, s + j + 1:s + j + 1 + n] for j in range(k - 1)], -1)
+            agree[k][:, s:s + n] = (props == want).cpu()
+    return agree
+
+
+def _agreement_native(model, lr, greedy_images, ks, prior_weight):
+    """exact_block_stats' agreement tables on the native engine: the states of a teacher-forced
+    pass over the greedy tokens, 16 per call, and each position's block drafted from them."""
+    src = torch.from_numpy(to_tokens(lr))
+    y = torch.from_numpy(to_tokens(greedy_images))
+    B, K = len(lr), max(ks)
+    batch = native.Batch(native_weights(model), src, K, prior_weight)
+    copts = batch.options()
+    later = torch.cat([y, y[:, -1:].expand(B, K)], 1)  # past the end: padding, never read
+    agree = {k: torch.zeros(B, SEQ_LEN, max(k - 1, 0), dtype=torch.bool) for k in ks}
+    chunk = native.MAX_TOKENS
+    for b in range(B):
+        prev = torch.cat([torch.tensor([-1]), y[b, :-1]])
+        for s in range(0, SEQ_LEN, chunk):
+            h, z = batch.step(b, prev[s:s + chunk], s)
+            if not torch.equal(z.argmax(-1), y[b, s:s + len(h)]):
+                raise ValueError("these are not the model's greedy tokens (p1 disagrees): cannot replay")
+            if K == 1:
+                continue
+            for i in range(0, len(h), B):  # draft takes up to B states at a time
+                pos = torch.arange(s + i, s + min(i + B, len(h)))
+                props = batch.draft(copts, b, h[i:i + B], pos, y[b, pos], y[b])[:, 1:]
+                want = torch.stack([later[b, pos + j + 1] for j in range(K - 1)], -1)
+                for k in ks:
+                    if k > 1:
+                        agree[k][b, pos] = (props[:, :k - 1] == want[:, :k - 1])
+    return agree
 
 
 def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, verified=None):
@@ -418,32 +530,6 @@ def greedy_uncached(model: ImageTransformerSR, lr, max_tokens: int = SEQ_LEN,
         h = model(src, tgt[:, :T])
         tgt[:, i] = model.logits(h[:, i], src, torch.full((B,), i, device=dev), prior_weight).argmax(-1)
     return tgt[:, :max_tokens].cpu().numpy(), time.perf_counter() - t0
-
-
-def compile_for_decoding(model: ImageTransformerSR) -> ImageTransformerSR:
-    """torch.compile (inductor, static shapes) the per-call pieces `decode` runs: model.step,
-    model.logits and model.draft_heads. Opt-in (`sr-blockwise demo --compile`): on the demo's path
-    (batch 1, one thread) greedy, exact and eps=2 at k=6 all decoded 1.6-1.8x faster
-    (results/compile_demo.py, log in results/s24-demo), but every new call shape compiles first
-    (~30 s more for the first decodes, 10-40 s for each new k or batch size; a new guidance
-    weight does not compile again: decode passes it as a tensor), so it pays off in a long-running server at batch 1, not in
-    one batch job.
-
-    float32 only: in bf16 compiled exact mode did not equal greedy (results/s23-guidance/
-    compile_batch1.log). In float32 exact mode equalled greedy, and compiled greedy equalled eager greedy,
-    wherever measured (a random model in tests/test_decoding.py, shipped weights on 3 held-out
-    faces), but unlike eager decoding this is measured, not guaranteed by construction: fused
-    kernels may round a k-token call differently from a 1-token one."""
-    dtype = next(model.parameters()).dtype
-    if dtype != torch.float32:
-        raise ValueError(f"compiled decoding is float32 only (this model is {str(dtype)[6:]}): in bf16, "
-                         "compiled exact mode did not equal greedy decoding")
-    from torch import _dynamo
-    # each new k (and batch size) is a new set of shapes, compiled once; allow the demo's 10 k values
-    _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 32)
-    for name in ("step", "logits", "draft_heads"):
-        setattr(model, name, torch.compile(getattr(model, name), dynamic=False))
-    return model
 
 
 def default_prior_weight(model: ImageTransformerSR) -> float:

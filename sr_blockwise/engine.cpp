@@ -1,0 +1,589 @@
+// One decoding call of the Image Transformer as a single native function, for sr_blockwise.engine.
+//
+// Why native: at these model sizes (d = 128, 4 layers) a call is ~1.5M multiply-adds per token,
+// microseconds of arithmetic, while PyTorch spends milliseconds launching its ~1,300 operations.
+// Here a call is one function: the decoder step for every token of the block, p1's logits, the
+// acceptance rule, the commit, and the next block's proposals, for every live image of a batch.
+//
+// Why exact: every token's (row's) arithmetic is the same sequence of float operations whatever
+// call it comes in and whatever else is in the batch. A linear layer accumulates each output over
+// its inputs in order (tiles of rows only share the weight loads); attention reads a query's own
+// window [block start of the previous block, the query] in position order. So a query's state is
+// bit for bit the same alone (greedy) or inside a k-token verify call, and exact mode equals
+// greedy decoding by construction, in float32.
+//
+// Layouts (all float32, row-major): a linear layer's weight is stored transposed, in x out, so a
+// tile of rows streams it once; the KV cache is (image, position, d) per layer.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+typedef float v16 __attribute__((vector_size(64)));
+static inline v16 ld(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
+static inline void st(float* p, v16 v) { std::memcpy(p, &v, 64); }
+static inline v16 splat(float x) { return v16{} + x; }
+typedef int32_t vi16 __attribute__((vector_size(64)));
+
+// e^x for x <= 88, ~1 ulp: 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial
+static inline v16 vexp(v16 x) {
+    x = x < -87.f ? splat(-87.f) : x;
+    v16 t = x * 1.44269504088896341f;
+    v16 n = (t + 12582912.f) - 12582912.f;  // round to nearest
+    v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    v16 p = splat(1.f / 720) ;
+    p = p * r + 1.f / 120; p = p * r + 1.f / 24; p = p * r + 1.f / 6; p = p * r + 0.5f; p = p * r + 1.f; p = p * r + 1.f;
+    vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
+    v16 scale; std::memcpy(&scale, &bits, 64);
+    return p * scale;
+}
+
+static const int S = 3072;  // target tokens
+static const int V = 256;   // intensities
+static const int MAXK = 16; // tokens per call at most
+
+struct Layer {
+    const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *out_w, *out_b;
+    const float *ln2_w, *ln2_b, *cq_w, *cq_b, *cout_w, *cout_b;
+    const float *ln3_w, *ln3_b, *up_w, *up_b, *down_w, *down_b;
+};
+
+struct Engine {
+    int d, H, L, ff, n_layers, G, f;  // G head groups (heads 2..K), f hidden width per group
+    int has_lr_prior, has_nbr_prior, nbr_draft;
+    const Layer* layers;
+    const float *tgt_emb, *dec_ln_w, *dec_ln_b, *lm_w;  // lm_w (d, 256)
+    const float *heads_up_w, *heads_up_b;      // (d, G*f), (G*f)
+    const float *heads_down_w, *heads_down_b;  // (G*f, G*d) nested (masked) and transposed, (G*d)
+    const float *heads_ln_w, *heads_ln_b;      // (G, d)
+    const float *lr_prior;   // (3, 511) log-prior over intensity - the input cell's intensity
+    const float *nbr_prior;  // (K-1, refs, 3, 511)
+    int n_refs;
+    // per image
+    int B, cache_len;
+    float **k_cache, **v_cache;  // per layer: keys (B, d, cache_len), transposed; values (B, cache_len, d)
+    const float **enc_k, **enc_v;  // per layer: keys (B, d, 192), transposed; values (B, 192, d)
+    int n_src;
+    const float* pos_emb;  // (B, S, d): position (+ lr_skip) part of the decoder input
+    const int32_t* cell;   // (B, S): the 8x8 input's intensity under each position
+    float prior_weight;
+    float* work;  // workspace for B * MAXK rows (engine.py sizes it: work_floats)
+};
+
+// ---------------------------------------------------------------- kernels
+
+// y[r, 0:N] = b + x[r, 0:K] @ W[0:K, 0:N] for nr <= 4 rows; N a multiple of 16. Each output is
+// accumulated over k in order, so a row's result does not depend on the rows beside it.
+template <int NR>
+static void lin_rows(const float* x, int ldx, const float* W, int ldw, const float* b, float* y,
+                     int ldy, int K, int N) {
+    int j = 0;
+    for (; j + 64 <= N; j += 64) {
+        v16 acc[NR][4];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < 4; c++) acc[r][c] = b ? ld(b + j + 16 * c) : splat(0.f);
+        for (int k = 0; k < K; k++) {
+            const float* w = W + (size_t)k * ldw + j;
+            v16 w0 = ld(w), w1 = ld(w + 16), w2 = ld(w + 32), w3 = ld(w + 48);
+            for (int r = 0; r < NR; r++) {
+                v16 xs = splat(x[(size_t)r * ldx + k]);
+                acc[r][0] += xs * w0; acc[r][1] += xs * w1; acc[r][2] += xs * w2; acc[r][3] += xs * w3;
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < 4; c++) st(y + (size_t)r * ldy + j + 16 * c, acc[r][c]);
+    }
+    for (; j < N; j += 16) {
+        v16 acc[NR];
+        for (int r = 0; r < NR; r++) acc[r] = b ? ld(b + j) : splat(0.f);
+        for (int k = 0; k < K; k++) {
+            v16 w0 = ld(W + (size_t)k * ldw + j);
+            for (int r = 0; r < NR; r++) acc[r] += splat(x[(size_t)r * ldx + k]) * w0;
+        }
+        for (int r = 0; r < NR; r++) st(y + (size_t)r * ldy + j, acc[r]);
+    }
+}
+
+// y = b + x W for n rows, all rows through one column block before the next (the block of W stays
+// in cache while every row uses it). Called by a whole OpenMP team, the column blocks are shared
+// out (orphaned `omp for`: outside a parallel region it runs them all).
+static void linear(const float* x, int ldx, int n, const float* W, int ldw, const float* b, float* y,
+                   int ldy, int K, int N) {
+    const int n64 = N / 64, nb = n64 + (N % 64) / 16;
+    #pragma omp for schedule(static)
+    for (int blk = 0; blk < nb; blk++) {
+        int j0 = blk < n64 ? 64 * blk : 64 * n64 + 16 * (blk - n64), w = blk < n64 ? 64 : 16;
+        const float* Wj = W + j0;
+        const float* bj = b ? b + j0 : nullptr;
+        int r = 0;
+        for (; r + 4 <= n; r += 4) lin_rows<4>(x + (size_t)r * ldx, ldx, Wj, ldw, bj, y + (size_t)r * ldy + j0, ldy, K, w);
+        switch (n - r) {
+            case 3: lin_rows<3>(x + (size_t)r * ldx, ldx, Wj, ldw, bj, y + (size_t)r * ldy + j0, ldy, K, w); break;
+            case 2: lin_rows<2>(x + (size_t)r * ldx, ldx, Wj, ldw, bj, y + (size_t)r * ldy + j0, ldy, K, w); break;
+            case 1: lin_rows<1>(x + (size_t)r * ldx, ldx, Wj, ldw, bj, y + (size_t)r * ldy + j0, ldy, K, w); break;
+        }
+    }
+}
+
+static void layer_norm(const float* x, const float* w, const float* b, float* y, int d) {
+    float mean = 0.f, var = 0.f;
+    for (int i = 0; i < d; i++) mean += x[i];
+    mean /= d;
+    for (int i = 0; i < d; i++) { float t = x[i] - mean; var += t * t; }
+    float inv = 1.f / std::sqrt(var / d + 1e-5f);
+    for (int i = 0; i < d; i++) y[i] = (x[i] - mean) * inv * w[i] + b[i];
+}
+
+// the erf GELU of nn.GELU, with erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7); n % 16 == 0
+static void gelu(float* x, int n) {
+    for (int i = 0; i < n; i += 16) {
+        v16 v = ld(x + i), z = v * 0.70710678118654752f;
+        v16 a = z < 0.f ? -z : z;
+        v16 t = 1.f / (1.f + 0.3275911f * a);
+        v16 poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+        v16 e = 1.f - poly * vexp(-a * a);
+        e = z < 0.f ? -e : e;
+        st(x + i, 0.5f * v * (1.f + e));
+    }
+}
+
+static inline float dot(const float* a, const float* b, int n) {  // n a multiple of 16
+    v16 acc = splat(0.f);
+    for (int i = 0; i < n; i += 16) acc += ld(a + i) * ld(b + i);
+    float s = 0.f;
+    for (int i = 0; i < 16; i++) s += acc[i];
+    return s;
+}
+
+// Softmax attention of nq <= 4 queries (rows of q, stride ldq) whose windows start at the same
+// key lo and end at hi[i], per head. KT holds the keys transposed (d, ldk), so 16 keys' scores
+// are one vector per input dimension; Vv the values (position, d). A query's scores, softmax and
+// weighted sum are the same operations in the same order whatever queries share the call: keys
+// past its own end get weight exactly 0, and the sums run over the key's offset from lo.
+template <int NQ>
+static void attend_group(const float* q, int ldq, const int* hi, const float* KT, int ldk,
+                         const float* Vv, int lo, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
+    const float scale = 1.f / std::sqrt((float)hd);
+    const int d = H * hd;
+    int cnt[NQ], cmax = 0;
+    for (int i = 0; i < NQ; i++) { cnt[i] = hi[i] - lo + 1; cmax = cnt[i] > cmax ? cnt[i] : cmax; }
+    const int span = (cmax + 31) & ~31;  // scores per query: whole pairs of 16-key chunks
+    for (int h = h0; h < h1; h++) {
+        for (int j = 0; j < span; j += 32) {
+            v16 a[NQ][2];
+            for (int i = 0; i < NQ; i++) a[i][0] = a[i][1] = splat(0.f);
+            for (int e = 0; e < hd; e++) {
+                const float* kr = KT + (size_t)(h * hd + e) * ldk + lo + j;
+                v16 k0 = ld(kr), k1 = ld(kr + 16);
+                for (int i = 0; i < NQ; i++) {
+                    v16 qs = splat(q[(size_t)i * ldq + h * hd + e]);
+                    a[i][0] += qs * k0; a[i][1] += qs * k1;
+                }
+            }
+            for (int i = 0; i < NQ; i++) { st(scores + i * span + j, a[i][0] * scale); st(scores + i * span + j + 16, a[i][1] * scale); }
+        }
+        float inv[NQ];
+        for (int i = 0; i < NQ; i++) {
+            float* sc = scores + i * span;
+            float mx = sc[0];
+            for (int j = 1; j < cnt[i]; j++) mx = sc[j] > mx ? sc[j] : mx;
+            for (int j = 0; j < span; j += 16) st(sc + j, vexp(ld(sc + j) - mx));
+            for (int j = cnt[i]; j < span; j++) sc[j] = 0.f;
+            double sum = 0.0;
+            for (int j = 0; j < cnt[i]; j++) sum += sc[j];
+            inv[i] = (float)(1.0 / sum);
+        }
+        const int jend = (cmax + 3) & ~3;
+        for (int e = 0; e < hd; e += 16) {
+            v16 acc[NQ][4];  // partial sums over keys j = 0, 1, 2, 3 mod 4
+            for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = splat(0.f);
+            for (int j = 0; j < jend; j += 4) {
+                const float* vr = Vv + (size_t)(lo + j) * d + h * hd + e;
+                v16 v0 = ld(vr), v1 = ld(vr + d), v2 = ld(vr + 2 * d), v3 = ld(vr + 3 * d);
+                for (int i = 0; i < NQ; i++) {
+                    const float* sc = scores + i * span + j;
+                    acc[i][0] += splat(sc[0]) * v0; acc[i][1] += splat(sc[1]) * v1;
+                    acc[i][2] += splat(sc[2]) * v2; acc[i][3] += splat(sc[3]) * v3;
+                }
+            }
+            for (int i = 0; i < NQ; i++)
+                st(out + (size_t)i * ldo + h * hd + e, ((acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3])) * inv[i]);
+        }
+    }
+}
+
+// attention for n queries whose windows start at lo[i] and end at hi[i], heads h0..h1-1: runs of
+// queries with the same start go through attend_group four at a time
+static void attend(const float* q, int ldq, int n, const int* lo, const int* hi, const float* KT, int ldk,
+                   const float* Vv, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
+    int i = 0;
+    while (i < n) {
+        int m = 1;
+        while (i + m < n && m < 4 && lo[i + m] == lo[i]) m++;
+        const float* qi = q + (size_t)i * ldq;
+        float* oi = out + (size_t)i * ldo;
+        switch (m) {
+            case 4: attend_group<4>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 3: attend_group<3>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 2: attend_group<2>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            default: attend_group<1>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1);
+        }
+        i += m;
+    }
+}
+
+// ---------------------------------------------------------------- the decoder step
+
+// The workspace: rows of every image of the batch, image-major (row = image index * n + token).
+struct Work { float *x, *xn, *qkv, *att, *hid, *h, *z, *pre, *hz, *hn, *hl; };
+static Work work_of(const Engine* E) {
+    const size_t R = (size_t)E->B * MAXK, d = E->d;
+    float* p = E->work;
+    Work w;
+    w.x = p; p += R * d; w.xn = p; p += R * d; w.qkv = p; p += R * 3 * d; w.att = p; p += R * d;
+    w.hid = p; p += R * E->ff; w.h = p; p += R * d; w.z = p; p += R * V;
+    w.pre = p; p += (size_t)E->B * MAXK * E->f; w.hz = p; p += (size_t)E->B * d; w.hn = p; p += (size_t)E->B * d;
+    w.hl = p;
+    return w;
+}
+extern "C" size_t engine_work_floats(int B, int d, int ff, int f) {
+    return (size_t)B * MAXK * (7 * d + ff + V + f) + (size_t)B * (3 * d + V);
+}
+
+static float* scores_buffer(const Engine* E) {  // one per thread: 4 queries' scores
+    return (float*)std::malloc(4 * (2 * E->L + E->n_src + 64) * sizeof(float));
+}
+
+// n tokens of each of m images imgs[i]: prev[i * ldp + j] is the token before position
+// pos0[i] + j (-1: the start). Writes their K/V into the caches and the final decoder states to
+// w.h (row i * n + j). Called by a whole team (or one thread).
+static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* prev, int ldp,
+                 const int* pos0, const Work& w, float* scores) {
+    const int d = E->d, H = E->H, hd = d / H, L = E->L, ff = E->ff, R = m * n, CL = E->cache_len;
+    #pragma omp for schedule(static)
+    for (int r = 0; r < R; r++) {
+        int i = r / n, j = r % n, b = imgs[i];
+        int p = pos0[i] + j, pc = p < S ? p : S - 1;
+        int ch = (p + 2) % 3;  // the previous token's channel
+        int64_t pv = prev[(size_t)i * ldp + j];
+        int idx = pv < 0 ? 3 * V : (int)pv + V * ch;
+        const float *e = E->tgt_emb + (size_t)idx * d, *pe = E->pos_emb + ((size_t)b * S + pc) * d;
+        for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] = e[c] + pe[c];
+    }
+    for (int li = 0; li < E->n_layers; li++) {
+        const Layer& Ly = E->layers[li];
+        #pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) layer_norm(w.x + (size_t)r * d, Ly.ln1_w, Ly.ln1_b, w.xn + (size_t)r * d, d);
+        linear(w.xn, d, R, Ly.qkv_w, 3 * d, Ly.qkv_b, w.qkv, 3 * d, d, 3 * d);
+        #pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            int i = r / n, b = imgs[i], p = pos0[i] + r % n;
+            float* Kc = E->k_cache[li] + (size_t)b * CL * d;
+            float* Vc = E->v_cache[li] + (size_t)b * CL * d;
+            for (int c = 0; c < d; c++) Kc[(size_t)c * CL + p] = w.qkv[(size_t)r * 3 * d + d + c];
+            std::memcpy(Vc + (size_t)p * d, w.qkv + (size_t)r * 3 * d + 2 * d, d * sizeof(float));
+        }
+        #pragma omp for schedule(static)
+        for (int ih = 0; ih < m * H; ih++) {  // a query's window: the previous attention block and its own
+            int i = ih / H, h = ih % H, b = imgs[i], lo[MAXK], hi[MAXK];
+            for (int j = 0; j < n; j++) {
+                int p = pos0[i] + j, l = (p / L - 1) * L;
+                lo[j] = l < 0 ? 0 : l; hi[j] = p;
+            }
+            attend(w.qkv + (size_t)i * n * 3 * d, 3 * d, n, lo, hi, E->k_cache[li] + (size_t)b * CL * d, CL,
+                   E->v_cache[li] + (size_t)b * CL * d, H, hd, w.att + (size_t)i * n * d, d, scores, h, h + 1);
+        }
+        linear(w.att, d, R, Ly.out_w, d, Ly.out_b, w.xn, d, d, d);
+        #pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] += w.xn[(size_t)r * d + c];
+            layer_norm(w.x + (size_t)r * d, Ly.ln2_w, Ly.ln2_b, w.xn + (size_t)r * d, d);
+        }
+        linear(w.xn, d, R, Ly.cq_w, d, Ly.cq_b, w.qkv, d, d, d);
+        #pragma omp for schedule(static)
+        for (int ih = 0; ih < m * H; ih++) {
+            int i = ih / H, h = ih % H, b = imgs[i], lo[MAXK], hi[MAXK];
+            for (int j = 0; j < n; j++) { lo[j] = 0; hi[j] = E->n_src - 1; }
+            attend(w.qkv + (size_t)i * n * d, d, n, lo, hi, E->enc_k[li] + (size_t)b * E->n_src * d, E->n_src,
+                   E->enc_v[li] + (size_t)b * E->n_src * d, H, hd, w.att + (size_t)i * n * d, d, scores, h, h + 1);
+        }
+        linear(w.att, d, R, Ly.cout_w, d, Ly.cout_b, w.xn, d, d, d);
+        #pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] += w.xn[(size_t)r * d + c];
+            layer_norm(w.x + (size_t)r * d, Ly.ln3_w, Ly.ln3_b, w.xn + (size_t)r * d, d);
+        }
+        linear(w.xn, d, R, Ly.up_w, ff, Ly.up_b, w.hid, ff, d, ff);
+        #pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) gelu(w.hid + (size_t)r * ff, ff);
+        linear(w.hid, ff, R, Ly.down_w, d, Ly.down_b, w.xn, d, ff, d);
+        #pragma omp for schedule(static)
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] += w.xn[(size_t)r * d + c];
+    }
+    #pragma omp for schedule(static)
+    for (int r = 0; r < R; r++) layer_norm(w.x + (size_t)r * d, E->dec_ln_w, E->dec_ln_b, w.h + (size_t)r * d, d);
+}
+
+// ---------------------------------------------------------------- logits and the heads
+
+static inline const float* offset_row(const float* table, int row, int ref) {
+    // a learned log-prior over (intensity - ref): intensity v's entry is v - ref + 255
+    return table + (size_t)row * (2 * V - 1) + (V - 1 - ref);
+}
+
+// logits z (R, 256) of p1 (lm_head + the input prior) at states h (R, d) predicting positions
+// pos0[i] + j of images imgs[i] (row i * n + j). Team call.
+static void p1_logits(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* h, float* z) {
+    const int R = m * n;
+    linear(h, E->d, R, E->lm_w, V, nullptr, z, V, E->d, V);
+    if (!E->has_lr_prior) return;
+    #pragma omp for schedule(static)
+    for (int r = 0; r < R; r++) {
+        int i = r / n, b = imgs[i], p = pos0[i] + r % n;
+        p = p < S ? p : S - 1;
+        const float* pr = offset_row(E->lr_prior, p % 3, E->cell[(size_t)b * S + p]);
+        for (int v = 0; v < V; v++) z[(size_t)r * V + v] += E->prior_weight * pr[v];
+    }
+}
+
+static inline int argmax(const float* z) {
+    int best = 0;
+    for (int v = 1; v < V; v++) if (z[v] > z[best]) best = v;
+    return best;
+}
+
+static inline int64_t token_at(const int64_t* toks, int p) { return toks[p < 0 ? 0 : p]; }
+
+// head a + 2's prior over the intensities of its target u from decoded or proposed neighbours
+// (nbr_prior; with nbr_draft the block's own proposals props[0..a] are read too)
+static void add_nbr_prior(const Engine* E, int a, int u, const int64_t* toks, const int64_t* props, float* lg) {
+    int t = u < S ? u : S - 1, ch = t % 3, col = (t / 3) % 32;
+    if (u >= S) return;
+    auto add = [&](int row, int64_t ref) {
+        const float* r = offset_row(E->nbr_prior, row, (int)ref);
+        for (int v = 0; v < V; v++) lg[v] += r[v];
+    };
+    if (E->nbr_draft) {
+        int rows0 = (a * 3) * 3 + ch;
+        int64_t prev = props[a];
+        int64_t left = a >= 2 ? props[a - 2] : token_at(toks, u - 3);
+        int64_t back4 = a >= 3 ? props[a - 3] : token_at(toks, u - 4);
+        int64_t grad = prev + left - back4;
+        grad = grad < 0 ? 0 : (grad > V - 1 ? V - 1 : grad);
+        if (col >= 1) add(rows0, left);                 // the pixel just left
+        if (t >= 96) add(rows0 + 3, token_at(toks, t - 96));  // the pixel above
+        if (ch > 0 && col >= 1) add(rows0 + 6, grad);  // previous channel + the left pixel's step
+    } else {
+        int j = a + 2, back = (j + 2) / 3;  // the nearest decoded pixel of the same channel
+        int rows0 = (a * 2) * 3 + ch;
+        if (col >= back) add(rows0, token_at(toks, t - 3 * back));
+        if (t >= 96) add(rows0 + 3, token_at(toks, t - 96));
+    }
+}
+
+static int window_centre(const float* lg, int window) {  // argmax over v of P(|x - v| <= window)
+    float mx = lg[argmax(lg)];
+    double p[V], best = -1.0;
+    int bv = 0;
+    for (int v = 0; v < V; v++) p[v] = std::exp((double)lg[v] - mx);
+    for (int v = 0; v < V; v++) {
+        double mass = 0.0;
+        for (int u = v - window; u <= v + window; u++) if (u >= 0 && u < V) mass += p[u];
+        if (mass > best) { best = mass; bv = v; }
+    }
+    return bv;
+}
+
+// Blocks of k proposals for m entries: entry i's state hs (i, d) of image imgs[i] predicts
+// position pos[i], its sure token props[i][0] is set already; heads 2..k add theirs one head at a
+// time for every entry at once (with nbr_draft a head's prior reads the proposals before it).
+// toks[i]: the image's decoded tokens, read before pos[i] only. Team call.
+static void draft(const Engine* E, int m, const int* imgs, const float* hs, const int* pos, int k,
+                  int64_t* const* toks, int64_t* const* props, int window, const Work& w) {
+    if (k == 1) return;
+    const int d = E->d, f = E->f, G = E->G, P = (k - 1) * f;
+    linear(hs, d, m, E->heads_up_w, G * f, E->heads_up_b, w.pre, P, d, P);
+    #pragma omp for schedule(static)
+    for (int i = 0; i < m; i++) gelu(w.pre + (size_t)i * P, P);
+    for (int g = 0; g < k - 1; g++) {
+        // group g reads hidden chunks 0..g (the nested matrix), plus the residual
+        linear(w.pre, P, m, E->heads_down_w + g * d, G * d, E->heads_down_b + g * d, w.hz, d, (g + 1) * f, d);
+        #pragma omp for schedule(static)
+        for (int i = 0; i < m; i++) {
+            for (int c = 0; c < d; c++) w.hz[(size_t)i * d + c] += hs[(size_t)i * d + c];
+            layer_norm(w.hz + (size_t)i * d, E->heads_ln_w + g * d, E->heads_ln_b + g * d, w.hn + (size_t)i * d, d);
+        }
+        int upos[MAXK * 64];
+        const int* up = pos;
+        int* tmp = nullptr;
+        if (m <= MAXK * 64) { for (int i = 0; i < m; i++) upos[i] = pos[i] + g + 1; up = upos; }
+        else { tmp = (int*)std::malloc(m * sizeof(int)); for (int i = 0; i < m; i++) tmp[i] = pos[i] + g + 1; up = tmp; }
+        p1_logits(E, m, imgs, 1, up, w.hn, w.hl);
+        #pragma omp for schedule(static)
+        for (int i = 0; i < m; i++) {
+            float* lg = w.hl + (size_t)i * V;
+            int64_t* pr = props[i];
+            if (E->has_nbr_prior) add_nbr_prior(E, g, up[i], toks[i], pr, lg);
+            pr[g + 1] = window > 0 ? window_centre(lg, window) : argmax(lg);
+        }
+        std::free(tmp);
+    }
+}
+
+// ---------------------------------------------------------------- the exported calls
+
+enum Rule { EXACT = 0, EPS = 1, TOPK = 2, ORACLE = 3 };
+
+struct Options {
+    int k, rule, eps, top_k, min_block, window;
+};
+
+// How many tokens of a block are kept: the sure one plus the longest run of proposals the rule
+// accepts against p1's logits z (k, 256) at the positions before them.
+static int accepted(const Options* o, const int64_t* pr, const float* z, int remaining) {
+    int acc = 1;
+    for (int j = 1; j < o->k; j++) {
+        const float* zj = z + (size_t)(j - 1) * V;
+        int best = argmax(zj);
+        bool ok;
+        if (o->rule == EXACT) ok = pr[j] == best;
+        else if (o->rule == EPS) ok = std::abs((int)pr[j] - best) <= o->eps;
+        else if (o->rule == TOPK) {
+            int above = 0;  // values ranked before pr[j] (ties: the lower value first, as topk)
+            float zp = zj[pr[j]];
+            for (int v = 0; v < V; v++) above += zj[v] > zp || (zj[v] == zp && v < pr[j]);
+            ok = above < o->top_k;
+        } else ok = true;
+        if (!ok) break;
+        acc++;
+    }
+    if (acc < o->min_block) acc = o->min_block;
+    return acc < remaining ? acc : remaining;
+}
+
+// The first call of images rows[0..n): the start token at position 0, then the first block's
+// proposals into props (B, k).
+extern "C" void engine_start(const Engine* E, const Options* o, int n, const int64_t* rows,
+                             int64_t* toks, int toks_len, int64_t* props) {
+    const Work w = work_of(E);
+    int* imgs = (int*)std::malloc(2 * n * sizeof(int));
+    int* zero = imgs + n;
+    int64_t* start = (int64_t*)std::malloc(n * sizeof(int64_t));
+    int64_t** ptrs = (int64_t**)std::malloc(2 * n * sizeof(int64_t*));
+    for (int i = 0; i < n; i++) {
+        imgs[i] = (int)rows[i]; zero[i] = 0; start[i] = -1;
+        ptrs[i] = toks + (size_t)imgs[i] * toks_len; ptrs[n + i] = props + (size_t)imgs[i] * o->k;
+    }
+    #pragma omp parallel
+    {
+        float* scores = scores_buffer(E);
+        step(E, n, imgs, 1, start, 1, zero, w, scores);
+        p1_logits(E, n, imgs, 1, zero, w.h, w.z);
+        #pragma omp for schedule(static)
+        for (int i = 0; i < n; i++) ptrs[n + i][0] = argmax(w.z + (size_t)i * V);
+        draft(E, n, imgs, w.h, zero, o->k, ptrs, ptrs + n, o->window, w);
+        std::free(scores);
+    }
+    std::free(imgs); std::free(start); std::free(ptrs);
+}
+
+// One blockwise step of every live image rows[0..n): feed its k proposals at the positions after
+// its decoded prefix, verify them with p1's argmax under the rule, commit the accepted prefix to
+// toks (B, toks_len) and block_map (B, 3072), count the call and the block, and draft the next
+// block from the state at the last accepted token (its sure token is p1's argmax there). An image
+// with one token left takes its sure token without a call. With propose 0 only the sure token of
+// the next block is set (the caller proposes the rest). Finished images leave rows (order kept);
+// returns how many are left.
+extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t* rows, int64_t* t_arr,
+                              int64_t* props, int64_t* toks, int toks_len, uint8_t* block_map,
+                              int64_t* hist, int64_t* calls, int propose) {
+    const int k = o->k, d = E->d;
+    const Work w = work_of(E);
+    int* ibuf = (int*)std::malloc(5 * (size_t)n * sizeof(int));
+    int *imgs = ibuf, *pos = imgs + n, *acc = pos + n, *nimg = acc + n, *npos = nimg + n;
+    int64_t* pk = (int64_t*)std::malloc((size_t)n * k * sizeof(int64_t));
+    int64_t** ptrs = (int64_t**)std::malloc(2 * (size_t)n * sizeof(int64_t*));
+    int m = 0;
+    for (int i = 0; i < n; i++) {  // images that need a call; the one-token-left ones finish here
+        int b = (int)rows[i], t = (int)t_arr[b];
+        if (S - t > 1) {
+            imgs[m] = b; pos[m] = t + 1;
+            std::memcpy(pk + (size_t)m * k, props + (size_t)b * k, k * sizeof(int64_t));
+            m++;
+        } else if (S - t == 1) {
+            toks[(size_t)b * toks_len + t] = props[(size_t)b * k];
+            block_map[(size_t)b * S + t] = 1;
+            hist[(size_t)b * k] += 1;
+            t_arr[b] = S;
+        }
+    }
+    int m2 = 0;  // images that go on, their states in w.att
+    if (m) {
+        #pragma omp parallel
+        {
+            float* scores = scores_buffer(E);
+            step(E, m, imgs, k, pk, k, pos, w, scores);
+            p1_logits(E, m, imgs, k, pos, w.h, w.z);
+            #pragma omp for schedule(static)
+            for (int i = 0; i < m; i++) {
+                int b = imgs[i], t = pos[i] - 1;
+                const int64_t* pr = pk + (size_t)i * k;
+                int a = accepted(o, pr, w.z + (size_t)i * k * V, S - t);
+                acc[i] = a;
+                for (int j = 0; j < a; j++) {
+                    toks[(size_t)b * toks_len + t + j] = pr[j];
+                    block_map[(size_t)b * S + t + j] = (uint8_t)a;
+                }
+                hist[(size_t)b * k + a - 1] += 1;
+                calls[b] += 1;
+                t_arr[b] = t + a;
+                if (t + a < S) props[(size_t)b * k] = argmax(w.z + ((size_t)i * k + a - 1) * V);
+            }
+            #pragma omp single
+            for (int i = 0; i < m; i++) {
+                int b = imgs[i];
+                if (t_arr[b] >= S) continue;
+                nimg[m2] = b; npos[m2] = (int)t_arr[b];
+                std::memcpy(w.att + (size_t)m2 * d, w.h + ((size_t)i * k + acc[i] - 1) * d, d * sizeof(float));
+                ptrs[m2] = toks + (size_t)b * toks_len; ptrs[n + m2] = props + (size_t)b * k;
+                m2++;
+            }
+            if (propose) draft(E, m2, nimg, w.att, npos, k, ptrs, ptrs + n, o->window, w);
+            std::free(scores);
+        }
+    }
+    std::free(ibuf); std::free(pk); std::free(ptrs);
+    int live = 0;
+    for (int i = 0; i < n; i++) if (t_arr[rows[i]] < S) rows[live++] = rows[i];
+    return live;
+}
+
+// The decoder states h (n, d) and p1's logits z (n, 256) for n tokens of image b at positions
+// pos0.. (prev: the tokens before them), K/V written as a decoding call writes them.
+extern "C" void engine_step(const Engine* E, int b, int n, const int64_t* prev, int pos0, float* h, float* z) {
+    const Work w = work_of(E);
+    #pragma omp parallel
+    {
+        float* scores = scores_buffer(E);
+        step(E, 1, &b, n, prev, n, &pos0, w, scores);
+        p1_logits(E, 1, &b, n, &pos0, w.h, w.z);
+        std::free(scores);
+    }
+    std::memcpy(h, w.h, (size_t)n * E->d * sizeof(float));
+    std::memcpy(z, w.z, (size_t)n * V * sizeof(float));
+}
+
+// Proposals props (m, k) of image b from states hs (m, d) predicting positions pos[i], with sure
+// tokens props[i][0] given, heads reading the decoded tokens toks (for the exact-mode replay:
+// every position's block at once).
+extern "C" void engine_draft(const Engine* E, const Options* o, int b, int m, const float* hs, const int* pos,
+                             int64_t* toks, int64_t* props) {
+    const Work w = work_of(E);
+    int* imgs = (int*)std::malloc(m * sizeof(int));
+    int64_t** ptrs = (int64_t**)std::malloc(2 * (size_t)m * sizeof(int64_t*));
+    for (int i = 0; i < m; i++) { imgs[i] = b; ptrs[i] = toks; ptrs[m + i] = props + (size_t)i * o->k; }
+    #pragma omp parallel
+    draft(E, m, imgs, hs, pos, o->k, ptrs, ptrs + m, o->window, w);
+    std::free(imgs); std::free(ptrs);
+}

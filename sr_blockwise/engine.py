@@ -1,0 +1,268 @@
+"""The native decoding engine: `engine.cpp` compiled once, called through ctypes.
+
+A decoding call of this model is microseconds of arithmetic that PyTorch spends milliseconds
+launching (~1,300 operations). The engine does a whole blockwise step for every image of a
+batch in one native call: the decoder step for the block's tokens, p1's logits, the acceptance
+rule, the commit, and the next block's proposals (engine.cpp says why it is exact).
+
+Built with the system's C++ compiler on first use into ~/.cache/sr-blockwise/engine/ (a few
+seconds; `SR_BLOCKWISE_CACHE` moves it); where no compiler is found, `available()` is False and
+decoding falls back to the PyTorch path.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .model import SEQ_LEN, SRC_LEN, VOCAB, ImageTransformerSR
+
+SOURCE = Path(__file__).with_name("engine.cpp")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+MAX_TOKENS = 16  # tokens per call at most (engine.cpp's MAXK)
+RULES = {"exact": 0, "eps": 1, "topk": 2, "oracle": 3}
+
+_F = ctypes.POINTER(ctypes.c_float)
+_I64 = ctypes.POINTER(ctypes.c_int64)
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(n, _F) for n in ("ln1_w", "ln1_b", "qkv_w", "qkv_b", "out_w", "out_b",
+                                  "ln2_w", "ln2_b", "cq_w", "cq_b", "cout_w", "cout_b",
+                                  "ln3_w", "ln3_b", "up_w", "up_b", "down_w", "down_b")]
+
+
+class _Engine(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_int) for n in ("d", "H", "L", "ff", "n_layers", "G", "f",
+                                             "has_lr_prior", "has_nbr_prior", "nbr_draft")]
+                + [("layers", ctypes.POINTER(_Layer))]
+                + [(n, _F) for n in ("tgt_emb", "dec_ln_w", "dec_ln_b", "lm_w", "heads_up_w", "heads_up_b",
+                                     "heads_down_w", "heads_down_b", "heads_ln_w", "heads_ln_b",
+                                     "lr_prior", "nbr_prior")]
+                + [("n_refs", ctypes.c_int), ("B", ctypes.c_int), ("cache_len", ctypes.c_int),
+                   ("k_cache", ctypes.POINTER(_F)), ("v_cache", ctypes.POINTER(_F)),
+                   ("enc_k", ctypes.POINTER(_F)), ("enc_v", ctypes.POINTER(_F)), ("n_src", ctypes.c_int),
+                   ("pos_emb", _F), ("cell", ctypes.POINTER(ctypes.c_int32)), ("prior_weight", ctypes.c_float),
+                   ("work", _F)])
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int) for n in ("k", "rule", "eps", "top_k", "min_block", "window")]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SR_BLOCKWISE_CACHE", Path.home() / ".cache" / "sr-blockwise")) / "engine"
+
+
+_lib = None
+_build_error: str | None = None
+
+
+def library():
+    """The compiled engine (built on first use, then loaded from the cache); raises RuntimeError
+    with the reason where it cannot be built."""
+    global _lib, _build_error
+    if _lib is not None:
+        return _lib
+    if _build_error is not None:
+        raise RuntimeError(_build_error)
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        _build_error = "no C++ compiler (g++) found: the native engine cannot be built"
+        raise RuntimeError(_build_error)
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + " ".join(FLAGS).encode() + platform.machine().encode()
+                         + Path("/proc/cpuinfo").read_bytes()[:0]).hexdigest()[:16]
+    so = _cache_dir() / f"engine-{key}.so"
+    if not so.exists():
+        so.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
+            out = Path(tmp) / so.name
+            r = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
+            if r.returncode != 0:
+                _build_error = f"building the native engine failed:\n{r.stderr[-2000:]}"
+                raise RuntimeError(_build_error)
+            os.replace(out, so)  # atomic: a concurrent build leaves one whole file
+    lib = ctypes.CDLL(str(so))
+    for name in ("engine_start", "engine_step", "engine_draft"):
+        getattr(lib, name).restype = None
+    lib.engine_iterate.restype = ctypes.c_int
+    lib.engine_work_floats.restype = ctypes.c_size_t
+    _lib = lib
+    return lib
+
+
+def available() -> bool:
+    try:
+        library()
+        return True
+    except RuntimeError:
+        return False
+
+
+def supports(model: ImageTransformerSR) -> str | None:
+    """None where the engine runs this model, else why not."""
+    cfg = model.cfg
+    if cfg.head1 != "base":
+        return "the native engine runs head1='base' models (p1 = the base logits)"
+    if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 16 or cfg.d_model % 16:
+        return "the native engine needs a head dimension that is a multiple of 16"
+    if cfg.d_ff % 16 or cfg.head_ff % 16:
+        return "the native engine needs widths that are multiples of 16"
+    return None
+
+
+def _ptr(t: torch.Tensor, kind=_F):
+    return ctypes.cast(t.data_ptr(), kind)
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float32).contiguous()
+
+
+class Weights:
+    """A model's weights in the engine's layout (float32; linear weights transposed, in x out),
+    packed once and shared by every batch decoded with the model."""
+
+    def __init__(self, model: ImageTransformerSR):
+        why = supports(model)
+        if why:
+            raise ValueError(why)
+        cfg = model.cfg
+        self.cfg = cfg
+        keep = []  # every tensor a pointer refers to stays alive with this object
+
+        def f(t, transpose=False):
+            t = _f32(t.t() if transpose else t)
+            keep.append(t)
+            return _ptr(t)
+
+        layers = (_Layer * cfg.n_dec_layers)()
+        for L, layer in zip(layers, model.decoder):
+            a, c, ffn = layer.self_attn, layer.cross_attn, layer.ff
+            L.ln1_w, L.ln1_b = f(layer.ln1.weight), f(layer.ln1.bias)
+            L.qkv_w, L.qkv_b = f(a.qkv.weight, True), f(a.qkv.bias)
+            L.out_w, L.out_b = f(a.out.weight, True), f(a.out.bias)
+            L.ln2_w, L.ln2_b = f(layer.ln2.weight), f(layer.ln2.bias)
+            L.cq_w, L.cq_b = f(c.q.weight, True), f(c.q.bias)
+            L.cout_w, L.cout_b = f(c.out.weight, True), f(c.out.bias)
+            L.ln3_w, L.ln3_b = f(layer.ln3.weight), f(layer.ln3.bias)
+            L.up_w, L.up_b = f(ffn.up.weight, True), f(ffn.up.bias)
+            L.down_w, L.down_b = f(ffn.down.weight, True), f(ffn.down.bias)
+        e = _Engine()
+        e.d, e.H, e.L, e.ff, e.n_layers = cfg.d_model, cfg.n_heads, cfg.block_len, cfg.d_ff, cfg.n_dec_layers
+        e.layers = layers
+        e.tgt_emb, e.dec_ln_w, e.dec_ln_b = f(model.tgt_emb.weight), f(model.dec_ln.weight), f(model.dec_ln.bias)
+        e.lm_w = f(model.lm_head.weight, True)
+        heads = model.heads
+        if heads is not None:
+            e.G, e.f = heads.G, heads.f
+            down = heads.down.weight if heads.premasked else heads.down.weight * heads.tri_mask.to(heads.down.weight.dtype)
+            e.heads_up_w, e.heads_up_b = f(heads.up.weight, True), f(heads.up.bias)
+            e.heads_down_w, e.heads_down_b = f(down, True), f(heads.down.bias)
+            e.heads_ln_w = f(torch.stack([n.weight for n in heads.norms]))
+            e.heads_ln_b = f(torch.stack([n.bias for n in heads.norms]))
+            if heads.nbr_prior is not None:
+                e.has_nbr_prior, e.nbr_draft = 1, int(cfg.nbr_draft)
+                e.nbr_prior, e.n_refs = f(heads.nbr_prior), heads.nbr_prior.shape[1]
+        if model.lr_prior is not None:
+            e.has_lr_prior, e.lr_prior = 1, f(model.lr_prior)
+        self.struct, self._keep, self._layers = e, keep, layers
+        self.model = model
+
+
+class Batch:
+    """The per-image state of one batch: KV caches, the encoder's cross-attention K/V, each
+    position's input embedding, and the decoded tokens, block map and counters."""
+
+    def __init__(self, weights: Weights, src: torch.Tensor, k: int, prior_weight: float = 1.0):
+        cfg, model = weights.cfg, weights.model
+        B = src.shape[0]
+        self.weights, self.B, self.k = weights, B, k
+        d = cfg.d_model
+        cache_len = SEQ_LEN + 2 * cfg.block_len + 2 * MAX_TOKENS
+        with torch.no_grad():
+            pos = torch.arange(SEQ_LEN)
+            pe = model.row_emb(model.tgt_r) + model.col_emb(model.tgt_c) + model.ch_emb(model.tgt_ch)
+            pe = pe.expand(B, -1, -1)
+            if model.lr_emb is not None:
+                pe = pe + model.lr_emb(model.cell_intensity(src, pos.expand(B, -1)) + VOCAB * model.tgt_ch)
+            self.pos_emb = _f32(pe)
+            self.cell = model.cell_intensity(src, pos.expand(B, -1)).to(torch.int32).contiguous()
+            enc = model.encode(src)
+            kv = model.cross_kv(enc)
+            self.enc_k = [_f32(k_.transpose(1, 2)) for k_, _ in kv]
+            self.enc_v = [_f32(v_) for _, v_ in kv]
+        self.k_cache = [torch.zeros(B, d, cache_len) for _ in range(cfg.n_dec_layers)]  # transposed
+        self.v_cache = [torch.zeros(B, cache_len, d) for _ in range(cfg.n_dec_layers)]
+        e = _Engine.from_buffer_copy(weights.struct)
+        self._ptr_arrays = [(_F * len(xs))(*[_ptr(x) for x in xs])
+                            for xs in (self.k_cache, self.v_cache, self.enc_k, self.enc_v)]
+        e.k_cache, e.v_cache, e.enc_k, e.enc_v = [ctypes.cast(a, ctypes.POINTER(_F)) for a in self._ptr_arrays]
+        e.B, e.cache_len, e.n_src = B, cache_len, SRC_LEN
+        e.pos_emb, e.cell = _ptr(self.pos_emb), _ptr(self.cell, ctypes.POINTER(ctypes.c_int32))
+        e.prior_weight = float(prior_weight)
+        G_f = model.heads.f if model.heads is not None else 16
+        self.work = torch.empty(library().engine_work_floats(B, d, cfg.d_ff, G_f))
+        e.work = _ptr(self.work)
+        self.struct = e
+        self.toks_len = SEQ_LEN + MAX_TOKENS
+        self.tokens = torch.zeros(B, self.toks_len, dtype=torch.int64)
+        self.block_map = torch.zeros(B, SEQ_LEN, dtype=torch.uint8)
+        self.t = torch.zeros(B, dtype=torch.int64)
+        self.props = torch.zeros(B, k, dtype=torch.int64)
+        self.hist = torch.zeros(B, k, dtype=torch.int64)
+        self.calls = torch.ones(B, dtype=torch.int64)  # the first, prefix-free call
+
+    def options(self, rule="exact", eps=0, top_k=1, min_block=1, window=0) -> _Options:
+        return _Options(self.k, RULES[rule], eps, top_k, min_block, window)
+
+    def start(self, opts: _Options, rows: torch.Tensor | None = None) -> None:
+        rows = torch.arange(self.B) if rows is None else rows
+        library().engine_start(ctypes.byref(self.struct), ctypes.byref(opts), len(rows), _ptr(rows, _I64),
+                               _ptr(self.tokens, _I64), self.toks_len, _ptr(self.props, _I64))
+
+    def iterate(self, opts: _Options, rows: torch.Tensor, n: int, propose: bool = True) -> int:
+        """One blockwise step of the images rows[:n] (int64), which it compacts in place to the
+        images still decoding (order kept); returns how many those are."""
+        return library().engine_iterate(ctypes.byref(self.struct), ctypes.byref(opts), n, _ptr(rows, _I64),
+                                 _ptr(self.t, _I64), _ptr(self.props, _I64), _ptr(self.tokens, _I64),
+                                 self.toks_len, _ptr(self.block_map, ctypes.POINTER(ctypes.c_uint8)),
+                                 _ptr(self.hist, _I64), _ptr(self.calls, _I64), int(propose))
+
+    def draft(self, opts: _Options, b: int, h: torch.Tensor, pos: torch.Tensor, first: torch.Tensor,
+              tokens: torch.Tensor) -> torch.Tensor:
+        """Blocks of k proposals (m, k) of image b from its states h (m, d) predicting positions
+        pos (m,), with sure tokens first (m,), heads reading the decoded tokens `tokens` (at
+        their positions; before each pos only). m is at most the batch size."""
+        m = len(pos)
+        if m > self.B:
+            raise ValueError(f"draft takes at most {self.B} states at a time, got {m}")
+        props = torch.zeros(m, self.k, dtype=torch.int64)
+        props[:, 0] = first
+        buf = torch.zeros(self.toks_len, dtype=torch.int64)
+        buf[: len(tokens)] = tokens[: self.toks_len]
+        h, pos = _f32(h), pos.to(torch.int32).contiguous()
+        library().engine_draft(ctypes.byref(self.struct), ctypes.byref(opts), b, m, _ptr(h),
+                               _ptr(pos, ctypes.POINTER(ctypes.c_int32)), _ptr(buf, _I64), _ptr(props, _I64))
+        return props
+
+    def step(self, b: int, prev: torch.Tensor, pos0: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder states (n, d) and p1's logits (n, 256) of image b for tokens prev (n,) fed at
+        positions pos0.. (K/V written into the cache, as a decoding call does)."""
+        prev = prev.to(torch.int64).contiguous()
+        n = len(prev)
+        if n > MAX_TOKENS:
+            raise ValueError(f"a call takes at most {MAX_TOKENS} tokens, got {n}")
+        h = torch.empty(n, self.weights.cfg.d_model)
+        z = torch.empty(n, VOCAB)
+        library().engine_step(ctypes.byref(self.struct), b, n, _ptr(prev, _I64), pos0, _ptr(h), _ptr(z))
+        return h, z
