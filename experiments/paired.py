@@ -1,12 +1,10 @@
 # Paired per-face comparison of two weights before shipping: greedy and eps=2 k=6 on the first N
 # held-out test faces (batch 32, bf16, 2 threads); ST-LPIPS / SSIM / PSNR against the real face,
 # and each measure's difference NEW - OLD with its standard error over the faces.
-#   .venv/bin/python results/paired.py N --old OLD.json --new NEW.json [--names OLD,NEW]
-# Session 20: --old (session 17's) weights/cpu-finetuned.json --new the export of s20-ft
-# --names shipped,s20 (results/s20-ft-32/paired.log); session 21: --old (session 20's)
-# weights/cpu-finetuned.json --new results/s21-export/cpu-finetuned.json --names shipped,s21
-# (results/s21-gpu-32/paired.log). 14 min at N=96. Earlier weights: git history (git show).
-# results/match_input.py imports its helpers (the same decodes, scores and differences).
+#   .venv/bin/python experiments/paired.py N --old OLD.json --new NEW.json [--names OLD,NEW]
+# 14 min at N=96. Its logs: experiments/gpu-finetuning/paired-*.log.
+# experiments/match-input/match_input.py and experiments/input-guidance/*.py import its helpers
+# (the same decodes, scores and differences).
 import argparse, numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import load_faces, downsample_8

@@ -2,8 +2,8 @@
 # batch's warm-up included) by mode, dtype and batch size, with the shipped default weights and the
 # default input guidance, on held-out test faces' 8x8 inputs: 4 faces at batch 1, 16 at batch 8,
 # 32 at batch 32 (docs/upscale.md, "Speed").
-#   .venv/bin/python results/upscale_speed.py [--modes greedy,exact,approx] [--dtypes bfloat16,float32]
-# Session 24: results/s24-demo/upscale_speed.log
+#   .venv/bin/python experiments/batch-speed/upscale_speed.py [--modes greedy,exact,approx] [--dtypes bfloat16,float32]
+# Log: upscale_speed.log beside this script.
 import argparse, json, subprocess, sys, tempfile
 from pathlib import Path
 from PIL import Image

@@ -1,8 +1,8 @@
 # Batch-1 decoding time (the demo's case) by dtype, with and without torch.compile of the model's
 # per-call step (model.step, inductor, static shapes), at input guidance 2: greedy, exact k=6 and
 # eps=2 k=6 on one held-out test face after a warm-up face; checks exact == greedy within each
-# setting. Measurement only: nothing in the apps compiles yet.
-#   .venv/bin/python results/compile_batch1.py      (session 23: results/s23-guidance/compile_batch1.log)
+# setting.
+#   .venv/bin/python experiments/compiled-decoding/compile_batch1.py      (log: compile_batch1.log)
 import time
 import numpy as np, torch
 from sr_blockwise.checkpoints import load_model

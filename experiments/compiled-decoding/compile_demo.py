@@ -2,7 +2,7 @@
 # demo's own path: apps.demo.decode_live (worker thread, 1 torch thread), float32, batch 1, k=6,
 # eps=2, input guidance 2. Face 0 of the held-out test split warms up (and compiles); faces 1-3 are
 # timed. Checks, per face: exact == greedy, and compiled greedy == eager greedy.
-#   .venv/bin/python results/compile_demo.py      (session 24: results/s24-demo/compile_demo.log, whose
+#   .venv/bin/python experiments/compiled-decoding/compile_demo.py      (log: compile_demo.log, whose
 #   table is this version's output; the first version's figures are noted below it)
 import time, numpy as np, torch
 from sr_blockwise.checkpoints import load_model

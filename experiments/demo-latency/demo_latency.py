@@ -3,9 +3,9 @@
 # calls, no server), (c) through the real Gradio server's /upscale API (gradio_client, no browser),
 # each with the decode at 2 torch threads and at 1. Exact and approximate (eps=2, k=6), input
 # guidance 2, float32 (the demo's dtype).
-#   .venv/bin/python results/demo_latency.py [--repeats 2]
-#   .venv/bin/python results/demo_latency.py --compile --threads 1 --server-only   (the demo's --compile)
-# Session 24: results/s24-demo/demo_latency.log (made by the version of commit 70b24ef, which set the
+#   .venv/bin/python experiments/demo-latency/demo_latency.py [--repeats 2]
+#   .venv/bin/python experiments/demo-latency/demo_latency.py --compile --threads 1 --server-only   (the demo's --compile)
+# Logs beside this script: demo_latency.log (made by the version of commit 70b24ef, which set the
 # count inside each decode worker; now it is set on the main thread, which every thread started
 # later begins with, as `sr-blockwise demo` does), demo_latency_compile.log (--compile), and
 # demo_latency_before.log: the first version's run (worker at torch's default 2 threads, live
@@ -32,7 +32,8 @@ if a.compile:  # and warm up as cmd_demo does, at the decode's thread count
     compile_and_warm_up(model)
 face = load_faces(part="test").images[1]
 lr = downsample_8(face[None])[0]
-path = "/tmp/demo_latency_face.png"
+import tempfile
+path = os.path.join(tempfile.mkdtemp(), "demo_latency_face.png")
 Image.fromarray(face).save(path)
 W, K, EPS = 2.0, 6, 2
 rows = []

@@ -1,9 +1,10 @@
 # Teacher-forced head accuracy on greedy outputs: for each head j = 2..10, the share of positions
 # where its argmax proposal (with its priors, reading the greedy tokens as decoded) lies within
 # eps levels of the greedy token there. eps=2 accepts a proposal only if every earlier one in the
-# block was accepted, so head 2's rate bounds the mean block. Old = session 20's weights, new =
-# session 21's. Command: .venv/bin/python results/s21-gpu-32/heads_within.py 16
-import sys, numpy as np, torch, torch.nn.functional as F
+# block was accepted, so head 2's rate bounds the mean block. Old = cpu-finetuned before its GPU
+# fine-tuning (OLD_WEIGHTS, e.g. exported from git history), new = the shipped one.
+# Command: OLD_WEIGHTS=old/cpu-finetuned.json .venv/bin/python experiments/heads/heads_within.py 16
+import os, sys, numpy as np, torch, torch.nn.functional as F
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import load_faces, downsample_8, to_tokens
 from sr_blockwise.decoding import decode, options_for
@@ -11,7 +12,8 @@ from sr_blockwise.model import SEQ_LEN
 torch.set_num_threads(2)
 N = int(sys.argv[1])
 lr = downsample_8(load_faces(part="test").images[:N])
-for name, path in {"old (s20)": "/tmp/old/cpu-finetuned.json", "new (s21)": "weights/cpu-finetuned.json"}.items():
+for name, path in {"old (CPU only)": os.environ.get("OLD_WEIGHTS", "old/cpu-finetuned.json"),
+                   "new (shipped)": "weights/cpu-finetuned.json"}.items():
     m = load_model(path)  # bf16 inference copy, as decoding uses
     greedy = decode(m, lr, options_for("greedy", 6, 2)).images
     src, tgt = torch.from_numpy(to_tokens(lr)), torch.from_numpy(to_tokens(greedy))

@@ -3,9 +3,11 @@
 # scored by both shift-tolerant LPIPS trunks (AlexNet, VGG), SSIM and PSNR, with the mean block,
 # the decode time and how many faces collapsed somewhere (a 4x4 cell whose mean is > 48 levels
 # off its input pixel in some channel); bicubic and nearest-neighbour as baselines.
-#   .venv/bin/python results/guidance.py N --weights 1,1.5,2,3 [--json OUT.json]
-# Session 23: N=96 (results/s23-guidance/guidance.log, 25 min on 2 cores).
+#   .venv/bin/python experiments/input-guidance/guidance.py N --weights 1,1.5,2,3 [--json OUT.json]
+# N=96: guidance.log and guidance.json beside this script, 25 min on 2 cores.
 import argparse, json, time
+import sys; from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/paired.py
 import numpy as np, torch
 from paired import first_test_faces, scores
 from sr_blockwise import metrics

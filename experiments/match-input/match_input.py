@@ -3,9 +3,11 @@
 # plain and matched; ST-LPIPS / SSIM / PSNR against the real face, each difference MATCHED - PLAIN
 # with its standard error over the faces, and the time match_input takes; bicubic's scores on the
 # same faces; then the same for the demo's built-in non-CelebA faces (the README picture's 10).
-#   .venv/bin/python results/match_input.py N [--weights W]
-# Session 22: N=96 with the shipped cpu-finetuned (results/s22-gpu-32/match_input.log), 6 min.
+#   .venv/bin/python experiments/match-input/match_input.py N [--weights W]
+# N=96 with the shipped cpu-finetuned: match_input.log beside this script, 6 min.
 import argparse, time, numpy as np, torch
+import sys; from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/paired.py
 from apps.examples import builtin_examples, lfw_faces
 from paired import MODES, decode_all, first_test_faces, print_differences, scores, show
 from sr_blockwise.checkpoints import load_model

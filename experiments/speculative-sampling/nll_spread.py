@@ -2,7 +2,7 @@
 # per token (teacher-forced, float32, guidance 2) of samples of held-out test faces 8-15 (batch 8,
 # bf16, 2 threads, T=1), for several seeds: the difference between k values against the spread
 # between seeds.
-#   .venv/bin/python results/s25-speculative/nll_spread.py   (log: nll_spread.log)
+#   .venv/bin/python experiments/speculative-sampling/nll_spread.py   (log: nll_spread.log)
 import numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces, to_tokens

@@ -1,5 +1,5 @@
 # speculative sampling's per-head acceptance, teacher-forced on held-out test faces 1-4 (real tokens): mean sum_x min(p, q)
-#   .venv/bin/python results/s25-speculative/overlap.py   (log: overlap.log)
+#   .venv/bin/python experiments/speculative-sampling/overlap.py   (log: overlap.log)
 # speculative sampling's acceptance rate, teacher-forced: sum_x min(p, q) between head j's
 # distribution for position t+j-1 and p1's for the same position, at temperature T
 import numpy as np, torch

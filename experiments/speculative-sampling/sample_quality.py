@@ -1,7 +1,7 @@
 # How close sampled faces are to the real ones, beside greedy and bicubic: held-out test faces
 # 0-31, shipped weights, guidance 2, outputs matched to their input (as upscale and the demo
 # save them), batch 32, bf16; sampling by speculative sampling at k=4, seed 0.
-#   .venv/bin/python results/s25-speculative/sample_quality.py   (log: sample_quality.log)
+#   .venv/bin/python experiments/speculative-sampling/sample_quality.py   (log: sample_quality.log)
 import numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces, match_input

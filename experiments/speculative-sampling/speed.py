@@ -4,7 +4,7 @@
 # mean block: the samples' mean -log p per token under the model at that temperature
 # (teacher-forced, float32), which must agree between k values: speculative sampling keeps the
 # distribution of plain sampling.
-#   .venv/bin/python results/s25-speculative/speed.py   (log: results/s25-speculative/speed.log)
+#   .venv/bin/python experiments/speculative-sampling/speed.py   (log: speed.log)
 import time, numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces, to_tokens
