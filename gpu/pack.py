@@ -7,7 +7,7 @@ mosaics under a git-ignored folder that `carry` names. Held-out test faces are n
 stay on this machine, where the weights are scored.
 
     python gpu/pack.py pack .gpu/faces                   # here: as many training faces as fit
-    python gpu/pack.py unpack .gpu/faces /tmp/faces.npz  # there: back to the .npz train reads
+    python gpu/pack.py unpack .gpu/faces SCRATCH/faces.npz  # there: back to the .npz train reads
 
 Unpack checks the sha256 of the images against the one pack wrote, so a lossy path cannot slip in.
 It needs only what sr_blockwise.data needs (numpy, Pillow, tqdm: all on the GPU machine's image).

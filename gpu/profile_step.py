@@ -1,6 +1,6 @@
 """Where a training step's time goes, for the next lent-GPU run's settings (gpu/README.md).
 
-At 950-1,015 images/s the cpu preset used ~7% of an H200's bf16 rate (sessions 21-22), and a
+At 950-1,015 images/s the cpu preset used ~7% of an H200's bf16 rate (experiments/gpu-finetuning/), and a
 larger batch did not help the gpu preset (289 images/s at 128, 282 at 64): something other than
 the matrix products sets the pace. This measures it, in about a minute of device time:
   1. images/s of the real training step (train.train_step, fine-tuning: base and heads) at each

@@ -36,7 +36,7 @@ WARM_ARGS=${WARM_ARGS---lr 1e-3 --warmup 500 --schedule-offset 10000}  # split o
 OUT=${OUT:?set OUT to the folder that comes back}
 [ "$SCRATCH" = 0 ] && [ -z "$WARM_FROM" ] && { echo "SCRATCH=0 and no WARM_FROM: nothing to train" >&2; exit 2; }
 # a fresh checkpoint folder per run: a rerun on a still-warm machine must not find old runs
-CACHE=${SR_BLOCKWISE_CACHE:-$(mktemp -d /tmp/sr-blockwise.XXXX)}
+CACHE=${SR_BLOCKWISE_CACHE:-$(mktemp -d -t sr-blockwise.XXXX)}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SR_BLOCKWISE_CACHE="$CACHE"
 
 mkdir -p "$OUT"

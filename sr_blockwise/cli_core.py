@@ -36,6 +36,23 @@ def cmd_weights(a):
     return 0
 
 
+def portable_path(path) -> str | None:
+    """A path as a weights card records it: relative to the current folder or to the home folder
+    where it lies below one, else its last two parts (a card names no folder of the machine that
+    made it)."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        return str(path)
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(p.relative_to(base))
+        except ValueError:
+            pass
+    return str(Path(*p.parts[-2:]))
+
+
 def cmd_export(a):
     """Training checkpoint -> shipped weights, with held-out scores in the config."""
     import torch
@@ -52,8 +69,12 @@ def cmd_export(a):
     faces = load_faces(a.data)
     test = faces.part("test").images[: a.eval_images]
     t0 = time.time()
-    meta = {"description": a.description, "source_checkpoint": str(ck), "steps": ckpt["step"],
-            "train_config": ckpt["train_config"], "params": sum(p.numel() for p in model.parameters()),
+    train_config = dict(ckpt["train_config"])
+    for key in ("data", "distill", "init_from"):
+        if isinstance(train_config.get(key), str):
+            train_config[key] = portable_path(train_config[key])
+    meta = {"description": a.description, "source_checkpoint": portable_path(ck), "steps": ckpt["step"],
+            "train_config": train_config, "params": sum(p.numel() for p in model.parameters()),
             "test_bits_per_dim": bits_per_dim(model, test, bf16=True),
             "test_images_scored": int(len(test)), "exported": time.strftime("%Y-%m-%d %H:%M")}
     if a.meta:
@@ -198,8 +219,8 @@ def register(sub):
                    help="input guidance for every decode (default: the apps' default, 2, where the model "
                         "has the input prior; else 1)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="dtype of the seconds-per-image table (at batch 1, float32 decoded faster here: "
-                        "results/s23-guidance/compile_batch1.log)")
+                   help="dtype of the seconds-per-image table (at batch 1, float32 decoded faster on a "
+                        "2-core CPU: experiments/compiled-decoding/compile_batch1.log)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("learning-curve", help="plot bits/dim from training runs' logs")

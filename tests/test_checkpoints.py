@@ -59,3 +59,22 @@ def test_a_checkpoint_with_pickled_objects_is_refused(tmp_path):
     torch.save({"model_config": {}, "model": {}, "payload": Evil()}, p)
     with pytest.raises(WeightsError, match="not a usable training checkpoint"):
         load_model(p)
+
+
+def test_cards_name_no_folder_of_the_machine_that_made_them(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    from sr_blockwise.checkpoints import WEIGHTS_DIR
+    from sr_blockwise.cli_core import portable_path
+
+    for js in sorted(Path(WEIGHTS_DIR).glob("*.json")):
+        assert not re.search(r'"(/|[A-Za-z]:\\)', js.read_text()), js.name
+    (tmp_path / "repo").mkdir()
+    monkeypatch.chdir(tmp_path / "repo")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert portable_path(tmp_path / "repo" / "runs" / "last.pt") == "runs/last.pt"
+    assert portable_path(tmp_path / "home" / ".cache" / "r" / "last.pt") == "~/.cache/r/last.pt"
+    assert portable_path("/elsewhere/scratch.x1/faces.npz") == "scratch.x1/faces.npz"
+    assert portable_path("weights/cpu-frozen.json") == "weights/cpu-frozen.json"
+    assert portable_path(None) is None

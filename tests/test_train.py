@@ -301,7 +301,7 @@ def test_lr_prior_starts_from_the_datas_offset_histogram(small_data, tmp_path, m
 
 
 def test_a_run_resumes_with_the_features_it_started_with(small_data, tmp_path, monkeypatch):
-    """A run started before its preset gained a feature (session 15's, before nbr_draft) still
+    """A run started before its preset gained a feature (here nbr_draft) still
     resumes, as the model it was: the preset only decides what a new run or warm start builds."""
     from dataclasses import replace
     from sr_blockwise import model as model_module
@@ -316,7 +316,7 @@ def test_a_run_resumes_with_the_features_it_started_with(small_data, tmp_path, m
 
 
 def test_weights_without_nbr_draft_keep_their_tables_and_grow_the_third_at_zero(small_data, tmp_path):
-    """Session 15's weights have the neighbour prior without drafts: a warm start keeps their two
+    """Weights with the neighbour prior but without drafts: a warm start keeps their two
     tables (the left one is then read one pixel back) and adds the third reference at zero."""
     from conftest import make_tiny
     from sr_blockwise.checkpoints import save_weights
@@ -350,7 +350,7 @@ def test_weights_without_draft_emb_grow_it_and_compute_unchanged(small_data, tmp
 
 
 def test_weights_without_nbr_prior_grow_it_unchanged_and_training_moves_it(small_data, tmp_path, monkeypatch):
-    """The shipped weights before session 14 had no neighbour prior: a warm start grows it at zero,
+    """Weights without the neighbour prior: a warm start grows it at zero,
     so every head's logits are the old model's; then the heads stage trains the tables (their
     own, larger step) and nothing of the base."""
     monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
