@@ -115,10 +115,52 @@ def image_to_input(img: Image.Image) -> tuple[np.ndarray, np.ndarray | None]:
     """The one function every front end uses: a photo -> (8x8x3 input, 32x32 face or None).
     An 8x8 image is used as is; a 32x32 one is taken as the face; larger ones are cropped."""
     img = to_rgb(img)
+    if 0 in img.size:
+        raise BadImage(f"image is {img.width}x{img.height}: it has no pixels")
     if img.size == (8, 8):
         return np.asarray(img, dtype=np.uint8), None
     face = np.asarray(img, dtype=np.uint8) if img.size == (32, 32) else photo_to_32(img)
     return downsample_8(face), face
+
+
+def read_input(source) -> tuple[np.ndarray, np.ndarray | None]:
+    """What every front end (the Python API, the batch command, the demo) feeds the model: an image
+    file (a path or an open binary file), a PIL image or a numpy array -> (8x8x3 input, 32x32 face
+    or None), through open_rgb and image_to_input. Raises BadImage (a ValueError) saying why a
+    source is not a usable image."""
+    if isinstance(source, Image.Image):
+        img = source
+    elif isinstance(source, np.ndarray):
+        img = array_to_image(source)
+    elif isinstance(source, (str, os.PathLike)) or hasattr(source, "read"):
+        img = open_rgb(os.fspath(source) if isinstance(source, os.PathLike) else source)
+    else:
+        raise BadImage(f"expected an image file, a PIL image or a numpy array, got {type(source).__name__}")
+    return image_to_input(img)
+
+
+def array_to_image(a: np.ndarray) -> Image.Image:
+    """A numpy image -> PIL: (H, W) or (H, W, 1) grey, (H, W, 3) RGB, (H, W, 4) RGBA, with
+    intensities 0..255 (uint8, or another integer type within that range)."""
+    a = np.asarray(a)
+    if a.ndim == 3 and a.shape[-1] == 1:
+        a = a[..., 0]
+    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[-1] not in (3, 4)):
+        raise BadImage(f"expected an image array of shape (H, W), (H, W, 3) or (H, W, 4), got {a.shape}")
+    if a.size == 0:
+        raise BadImage(f"image is {a.shape[1]}x{a.shape[0]}: it has no pixels")
+    return Image.fromarray(np.ascontiguousarray(_intensities(a)))  # mode from the shape: L, RGB, RGBA
+
+
+def _intensities(a: np.ndarray) -> np.ndarray:
+    """Integer intensities 0..255 as uint8; anything else (floats, bools, out of range) is refused."""
+    if a.dtype != np.uint8:
+        if not np.issubdtype(a.dtype, np.integer):
+            raise BadImage(f"expected uint8 intensities 0..255, got dtype {a.dtype}")
+        if a.min() < 0 or a.max() > 255:
+            raise BadImage(f"expected intensities in 0..255, got range {a.min()}..{a.max()}")
+        a = a.astype(np.uint8)
+    return a
 
 
 def check_input(lr: np.ndarray) -> np.ndarray:
@@ -128,13 +170,7 @@ def check_input(lr: np.ndarray) -> np.ndarray:
         lr = lr[None]
     if lr.ndim != 4 or lr.shape[1:] != (8, 8, 3):
         raise ValueError(f"expected 8x8 RGB input of shape (8, 8, 3) or (B, 8, 8, 3), got {lr.shape}")
-    if lr.dtype != np.uint8:
-        if not np.issubdtype(lr.dtype, np.integer):
-            raise ValueError(f"expected uint8 intensities 0..255, got dtype {lr.dtype}")
-        if lr.min() < 0 or lr.max() > 255:
-            raise ValueError(f"expected intensities in 0..255, got range {lr.min()}..{lr.max()}")
-        lr = lr.astype(np.uint8)
-    return lr
+    return _intensities(lr)
 
 
 # ---------------------------------------------------------------- datasets

@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 
 from sr_blockwise.cli import main
-from sr_blockwise.data import (BadImage, check_input, downsample_8, from_tokens, image_to_input,
-                               load_faces, match_input, open_rgb, photo_to_32, to_tokens)
+from sr_blockwise.data import (BadImage, array_to_image, check_input, downsample_8, from_tokens, image_to_input,
+                               load_faces, match_input, open_rgb, photo_to_32, read_input, to_tokens)
 
 
 def test_downsample_is_the_4x4_box_average():
@@ -150,3 +150,30 @@ def test_16bit_greyscale_is_scaled_not_clipped(tmp_path, value, mode, ext):
         assert opened.mode == mode
     lr, face = image_to_input(open_rgb(path))
     assert (lr == value >> 8).all() and (face == value >> 8).all()
+
+
+# ---------------------------------------------------------------- inputs of the Python API
+
+def test_arrays_give_the_input_of_the_same_pil_image(rng):
+    rgb = rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)
+    rgba = rng.integers(0, 256, (40, 30, 4), dtype=np.uint8)
+    grey = rng.integers(0, 256, (40, 30), dtype=np.uint8)
+    for a in (rgb, rgba, grey, grey[..., None], rgb.astype(np.int64)):
+        pil = Image.fromarray(a.astype(np.uint8).squeeze())
+        np.testing.assert_array_equal(read_input(a)[0], read_input(pil)[0])
+    assert array_to_image(rgba).mode == "RGBA" and array_to_image(grey).mode == "L"
+
+
+@pytest.mark.parametrize("source, message", [
+    (np.zeros((20, 20, 3), np.float32), "got dtype float32"),
+    (np.zeros((20, 20), bool), "got dtype bool"),
+    (np.full((20, 20), 300, np.int32), "0..255, got range 300..300"),
+    (np.zeros((0, 20, 3), np.uint8), "image is 20x0: it has no pixels"),
+    (np.zeros((20, 20, 2), np.uint8), "shape"),
+    (Image.new("RGB", (0, 0)), "no pixels"),
+    (object(), "expected an image file, a PIL image or a numpy array, got object"),
+    (None, "got NoneType"),
+])
+def test_unusable_sources_raise_value_errors(source, message):
+    with pytest.raises(ValueError, match=message):
+        read_input(source)
