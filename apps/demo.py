@@ -79,15 +79,16 @@ def prepare_input(path: str | Path, crop: str = "centre square") -> Prepared:
         img = open_rgb(str(path))
     except BadImage as e:
         raise BadImage(str(e).replace(str(path), name)) from None
-    w, h = img.size
+    w, h = img.info.get("full_size", img.size)  # a large photo is read at reduced size
     info = {"file": name, "size": [w, h], "crop": crop}
     if (w, h) == (8, 8):
         note = "8x8 image: used as is"
     elif (w, h) == (32, 32):
         note = "32x32 image: taken as the face, area-downsampled to 8x8"
     elif crop == "detect face" and (sq := detect_face_square(img)) is not None:
+        side = round(sq.width * w / img.width)  # in the photo's own pixels
         img = sq
-        note = f"{w}x{h} photo: detected face, {sq.width}x{sq.width} square, area-downsampled to 32x32 and 8x8"
+        note = f"{w}x{h} photo: detected face, {side}x{side} square, area-downsampled to 32x32 and 8x8"
     else:
         how = "CelebA crop" if (w, h) == (178, 218) else "centre square"
         if crop == "detect face":
