@@ -1,10 +1,12 @@
 """`sr-blockwise demo`: a Gradio page that upscales a face 8x8 -> 32x32 live, exact and
 approximate blockwise decoding side by side.
 
-Every input goes through sr_blockwise.data.image_to_input (the crop + area downsample the batch
-command uses too); decoding is sr_blockwise.decoding.decode, run in a worker thread whose progress
-callback hands frames to a Gradio generator. The page is fully offline: no analytics, fonts or
-assets from the internet.
+The weights load through sr_blockwise.api.Upscaler, as the batch command's and the Python API's
+do. Every input goes through sr_blockwise.data's open_rgb and image_to_input (the crop + area
+downsample of the batch command and the API; large photos are read at reduced size), optionally
+cropped to a detected face first; decoding is sr_blockwise.decoding.decode, the API's decoder,
+run in a worker thread whose progress callback hands frames to a Gradio generator. The page is
+fully offline: no analytics, fonts or assets from the internet.
 """
 import os
 
@@ -487,16 +489,17 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, max_queue=16, prevent
 def cmd_demo(args) -> int:
     import torch
 
-    from sr_blockwise.checkpoints import WeightsError, default_weights, load_model
+    from sr_blockwise.api import Upscaler
+    from sr_blockwise.checkpoints import WeightsError
 
     from .examples import builtin_examples, celeba_examples
 
-    name = args.weights or default_weights()
-    try:
-        model = load_model(name, dtype=getattr(torch, args.dtype))
+    try:  # on the CPU: the page decodes one image at a time, live
+        up = Upscaler(args.weights, device="cpu", dtype=args.dtype)
     except WeightsError as e:  # the CLI prints ValueErrors as one line
         raise WeightsError(f"{e}. Pass --weights with a weights name, a .json path or a training "
                            "checkpoint .pt") from None
+    model, name = up.model, up.weights
     if args.threads:  # before any worker thread starts: each begins with this count (DECODE_THREADS)
         torch.set_num_threads(args.threads)
     if args.compile:
