@@ -113,11 +113,11 @@ class Frame:
 
 
 # The demo decodes in worker threads, and there 2 torch (OpenMP) threads ran 1.8x slower than 1 on
-# a 2-core machine, while on the main thread the two were about as fast (results/demo_latency.py,
-# log in results/s24-demo; our guess at the cause: the worker's thread team and the main thread's
-# idle one outnumber the cores, and libgomp stops spinning between parallel regions). So
-# `sr-blockwise demo` sets 1 thread at start-up (--threads): torch.set_num_threads sets the calling
-# thread's count and the count every thread started later begins with, so every worker gets it.
+# a 2-core machine, while on the main thread the two were about as fast (probably the worker's
+# thread team and the main thread's idle one outnumber the cores, and libgomp stops spinning
+# between parallel regions). So `sr-blockwise demo` sets 1 thread at start-up (--threads):
+# torch.set_num_threads sets the calling thread's count and the count every thread started later
+# begins with, so every worker gets it.
 DECODE_THREADS = 1
 
 
@@ -534,15 +534,14 @@ def register(subparsers) -> None:
     d.add_argument("--threads", type=int, default=DECODE_THREADS,
                    help="torch CPU threads a decode runs with (0: torch's default). 1 by default: the demo "
                         "decodes one image at a time in a worker thread, where 2 threads ran 2x slower than "
-                        "1 on a 2-core machine (results/s24-demo/demo_latency.log)")
+                        "1 on a 2-core machine")
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="decoding dtype. float32 by default: the demo decodes one image at a time, and at "
                         "batch 1 a bf16 matrix product costs a fixed ~35 us whatever its size (fp32: 10-17 "
-                        "us): greedy and eps=2 decoded 1.25x faster in fp32 here, exact mode as fast "
-                        "(results/s23-guidance/compile_batch1.log)")
+                        "us): greedy and eps=2 decoded 1.25x faster in fp32, exact mode as fast")
     d.add_argument("--compile", action="store_true",
-                   help="torch.compile the decoder (float32 only): every mode decoded 1.6-1.8x faster here "
-                        "(results/s24-demo/compile_demo.log), after ~30 s of compiling at start-up and "
+                   help="torch.compile the decoder (float32 only): every mode decoded 1.6-1.8x faster on a "
+                        "CPU, after ~30 s of compiling at start-up and "
                         "10-40 s more the first time each other k is used (sr_blockwise.decoding."
                         "compile_for_decoding)")
     d.set_defaults(func=cmd_demo)

@@ -316,8 +316,9 @@ def quality(gt: np.ndarray, img: np.ndarray) -> tuple[float, float]:
 
 def job_seed(seed: int, rel: PurePosixPath) -> int:
     """Sampling seed per image (decode's `seeds=`) from --seed and its relative path: the same
-    image gets the same sample whatever its batch, shard or resume. (The factor 1_000_003 keeps
-    the samples of earlier versions, which decoded each image alone as decode's image 0.)"""
+    image gets the same sample whatever its batch, shard or resume. (The factor 1_000_003 is the
+    stride of decode's own per-image seeds: an image gets the sample decode gives it alone, as its
+    image 0, at seed sha1(SEED:REL).)"""
     return int.from_bytes(hashlib.sha1(os.fsencode(f"{seed}:{rel}")).digest()[:4], "big") * 1_000_003
 
 

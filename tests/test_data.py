@@ -129,8 +129,8 @@ def test_celeba_folder_part_filters_before_reading(celeba_npz):
 
 
 def test_no_celeba_pixels_are_tracked():
-    """Evaluation grids and prepared arrays hold CelebA faces: they stay out of git (results/ is
-    ignored; sessions 16-19 force-added grids by mistake)."""
+    """Evaluation grids and prepared arrays hold CelebA faces: they stay out of git, even where a
+    forced `git add` would get past .gitignore."""
     import shutil
     import subprocess
     from pathlib import Path

@@ -288,7 +288,7 @@ def test_prior_weight_is_applied_recorded_and_checked_on_resume(tmp_path, fast, 
 
 
 def test_default_guidance_follows_the_weights(tmp_path, tiny_weights, rng):
-    """Weights without the learned input prior (session 1's) decode at guidance 1 by default;
+    """Weights without the learned input prior decode at guidance 1 by default;
     weights with it at DEFAULT_PRIOR_WEIGHT; an explicit weight they cannot take is refused."""
     from conftest import make_tiny
     from sr_blockwise.checkpoints import save_weights
