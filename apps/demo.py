@@ -1,10 +1,12 @@
 """`sr-blockwise demo`: a Gradio page that upscales a face 8x8 -> 32x32 live, exact and
 approximate blockwise decoding side by side.
 
-Every input goes through sr_blockwise.data.image_to_input (the crop + area downsample the batch
-command uses too); decoding is sr_blockwise.decoding.decode, run in a worker thread whose progress
-callback hands frames to a Gradio generator. The page is fully offline: no analytics, fonts or
-assets from the internet.
+The weights load through sr_blockwise.api.Upscaler, as the batch command's and the Python API's
+do. Every input goes through sr_blockwise.data's open_rgb and image_to_input (the crop + area
+downsample of the batch command and the API; large photos are read at reduced size), optionally
+cropped to a detected face first; decoding is sr_blockwise.decoding.decode, the API's decoder,
+run in a worker thread whose progress callback hands frames to a Gradio generator. The page is
+fully offline: no analytics, fonts or assets from the internet.
 """
 import os
 
@@ -79,15 +81,16 @@ def prepare_input(path: str | Path, crop: str = "centre square") -> Prepared:
         img = open_rgb(str(path))
     except BadImage as e:
         raise BadImage(str(e).replace(str(path), name)) from None
-    w, h = img.size
+    w, h = img.info.get("full_size", img.size)  # a large photo is read at reduced size
     info = {"file": name, "size": [w, h], "crop": crop}
     if (w, h) == (8, 8):
         note = "8x8 image: used as is"
     elif (w, h) == (32, 32):
         note = "32x32 image: taken as the face, area-downsampled to 8x8"
     elif crop == "detect face" and (sq := detect_face_square(img)) is not None:
+        side = round(sq.width * w / img.width)  # in the photo's own pixels
         img = sq
-        note = f"{w}x{h} photo: detected face, {sq.width}x{sq.width} square, area-downsampled to 32x32 and 8x8"
+        note = f"{w}x{h} photo: detected face, {side}x{side} square, area-downsampled to 32x32 and 8x8"
     else:
         how = "CelebA crop" if (w, h) == (178, 218) else "centre square"
         if crop == "detect face":
@@ -110,11 +113,11 @@ class Frame:
 
 
 # The demo decodes in worker threads, and there 2 torch (OpenMP) threads ran 1.8x slower than 1 on
-# a 2-core machine, while on the main thread the two were about as fast (results/demo_latency.py,
-# log in results/s24-demo; our guess at the cause: the worker's thread team and the main thread's
-# idle one outnumber the cores, and libgomp stops spinning between parallel regions). So
-# `sr-blockwise demo` sets 1 thread at start-up (--threads): torch.set_num_threads sets the calling
-# thread's count and the count every thread started later begins with, so every worker gets it.
+# a 2-core machine, while on the main thread the two were about as fast (probably the worker's
+# thread team and the main thread's idle one outnumber the cores, and libgomp stops spinning
+# between parallel regions). So `sr-blockwise demo` sets 1 thread at start-up (--threads):
+# torch.set_num_threads sets the calling thread's count and the count every thread started later
+# begins with, so every worker gets it.
 DECODE_THREADS = 1
 
 
@@ -486,16 +489,17 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, max_queue=16, prevent
 def cmd_demo(args) -> int:
     import torch
 
-    from sr_blockwise.checkpoints import WeightsError, default_weights, load_model
+    from sr_blockwise.api import Upscaler
+    from sr_blockwise.checkpoints import WeightsError
 
     from .examples import builtin_examples, celeba_examples
 
-    name = args.weights or default_weights()
-    try:
-        model = load_model(name, dtype=getattr(torch, args.dtype))
+    try:  # on the CPU: the page decodes one image at a time, live
+        up = Upscaler(args.weights, device="cpu", dtype=args.dtype)
     except WeightsError as e:  # the CLI prints ValueErrors as one line
         raise WeightsError(f"{e}. Pass --weights with a weights name, a .json path or a training "
                            "checkpoint .pt") from None
+    model, name = up.model, up.weights
     if args.threads:  # before any worker thread starts: each begins with this count (DECODE_THREADS)
         torch.set_num_threads(args.threads)
     if args.compile:
@@ -530,15 +534,14 @@ def register(subparsers) -> None:
     d.add_argument("--threads", type=int, default=DECODE_THREADS,
                    help="torch CPU threads a decode runs with (0: torch's default). 1 by default: the demo "
                         "decodes one image at a time in a worker thread, where 2 threads ran 2x slower than "
-                        "1 on a 2-core machine (results/s24-demo/demo_latency.log)")
+                        "1 on a 2-core machine")
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="decoding dtype. float32 by default: the demo decodes one image at a time, and at "
                         "batch 1 a bf16 matrix product costs a fixed ~35 us whatever its size (fp32: 10-17 "
-                        "us): greedy and eps=2 decoded 1.25x faster in fp32 here, exact mode as fast "
-                        "(results/s23-guidance/compile_batch1.log)")
+                        "us): greedy and eps=2 decoded 1.25x faster in fp32, exact mode as fast")
     d.add_argument("--compile", action="store_true",
-                   help="torch.compile the decoder (float32 only): every mode decoded 1.6-1.8x faster here "
-                        "(results/s24-demo/compile_demo.log), after ~30 s of compiling at start-up and "
+                   help="torch.compile the decoder (float32 only): every mode decoded 1.6-1.8x faster on a "
+                        "CPU, after ~30 s of compiling at start-up and "
                         "10-40 s more the first time each other k is used (sr_blockwise.decoding."
                         "compile_for_decoding)")
     d.set_defaults(func=cmd_demo)

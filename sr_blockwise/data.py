@@ -16,11 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import ExifTags, Image, ImageOps
 from tqdm import tqdm
 
 CELEBA_BOX = (20, 40, 158, 178)  # left, top, right, bottom: the 138x138 crop of tensor2tensor
-MAX_PIXELS = 40_000_000  # refuse decompression bombs with a clear message instead of a hang
+# Photos up to FULL_READ_PIXELS are decoded at full size (up to 120 MB of RGB), so their inputs
+# are exactly those of a full-resolution read. Larger ones, up to Pillow's decompression-bomb
+# limit (PIL.Image.MAX_IMAGE_PIXELS), are read at reduced size, with at least REDUCED_MIN_SIDE
+# pixels on the shorter side: a JPEG decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling, in
+# bounded memory), other formats decoded in their own mode and box-reduced by a whole factor. The
+# 8x8 input averages hundreds of pixels per cell either way, so it moves by well under a level.
+FULL_READ_PIXELS = 40_000_000
+REDUCED_MIN_SIDE = 1024
+_REDUCIBLE = {"L", "LA", "RGB", "RGBA", "I", "F"}  # modes Image.reduce averages as they are
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 SPLITS = {"train": 0, "val": 1, "test": 2}
 
@@ -35,27 +43,53 @@ class BadImage(ValueError):
 # ---------------------------------------------------------------- single images
 
 def open_rgb(path_or_file) -> Image.Image:
-    """Open any Pillow-readable image as RGB; transparency is flattened onto white."""
+    """Open any Pillow-readable image as RGB; transparency is flattened onto white. Photos larger
+    than FULL_READ_PIXELS are read at reduced size (see there); the returned image's
+    info["full_size"] then holds the photo's own (width, height), as it is shown."""
     name = getattr(path_or_file, "name", path_or_file)
     try:
         if isinstance(path_or_file, (str, Path)) and os.path.getsize(path_or_file) == 0:
             raise BadImage(f"{name}: empty file (0 bytes)")
-        img = Image.open(path_or_file)
-        if img.width * img.height > MAX_PIXELS:
-            raise BadImage(f"{name}: image is {img.width}x{img.height} "
-                           f"({img.width * img.height / 1e6:.0f} MP), more than the "
-                           f"{MAX_PIXELS / 1e6:.0f} MP limit")
-        img.load()
+        img, full = Image.open(path_or_file), None
+        if img.width * img.height > FULL_READ_PIXELS and min(img.size) >= 2 * REDUCED_MIN_SIDE:
+            img, full = _read_reduced(img)
+        else:
+            img.load()
     except BadImage:
         raise
     except Image.DecompressionBombError as e:
         raise BadImage(f"{name}: image too large ({e})") from None
     except (OSError, SyntaxError, ValueError) as e:
         raise BadImage(f"{name}: not a readable image ({e})") from None
-    return to_rgb(img)
+    rgb = to_rgb(img)
+    if full is not None:
+        rgb.info["full_size"] = full
+    return rgb
+
+
+def _read_reduced(img: Image.Image) -> tuple[Image.Image, tuple[int, int]]:
+    """A large photo, opened but not loaded, decoded at reduced size (FULL_READ_PIXELS), and its
+    full (width, height) as shown (after its EXIF orientation)."""
+    w, h = img.size
+    s = min(w, h) // REDUCED_MIN_SIDE
+    img.draft("RGB", (w // s, h // s))  # JPEG: decode at the largest DCT scale still >= that; else no-op
+    img.load()
+    before = img.size
+    ImageOps.exif_transpose(img, in_place=True)  # here: the reduced copy below loses the EXIF of some formats
+    full = (h, w) if img.size != before else (w, h)
+    if img.mode not in _REDUCIBLE:  # 1-bit, palette, 16-bit: averaging needs intensities
+        img = img.convert("L") if img.mode == "1" else to_rgb(img)
+    factor = min(img.size) // REDUCED_MIN_SIDE
+    if factor >= 2:
+        img = img.reduce(factor)  # box average; RGBA premultiplied, so flattening later is the same
+    return img, full
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
+    """Any image -> RGB, upright by its EXIF orientation; 16-bit grey keeps its top 8 bits, and
+    transparency is flattened onto white. An upright RGB image is returned as it is (no copy)."""
+    if img.mode == "RGB" and img.getexif().get(ExifTags.Base.Orientation, 1) not in range(2, 9):
+        return img
     img = ImageOps.exif_transpose(img)
     if img.mode.startswith("I;16") or img.mode == "I":
         # 16-bit grey: convert("RGB") clips the values at 255 (white); keep the top 8 bits instead
@@ -65,7 +99,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
         img = img.convert("RGBA")
         bg = Image.new("RGBA", img.size, (255, 255, 255, 255))
         return Image.alpha_composite(bg, img).convert("RGB")
-    return img.convert("RGB")
+    return img if img.mode == "RGB" else img.convert("RGB")  # exif_transpose returned a copy
 
 
 def center_square(img: Image.Image) -> Image.Image:
@@ -115,10 +149,52 @@ def image_to_input(img: Image.Image) -> tuple[np.ndarray, np.ndarray | None]:
     """The one function every front end uses: a photo -> (8x8x3 input, 32x32 face or None).
     An 8x8 image is used as is; a 32x32 one is taken as the face; larger ones are cropped."""
     img = to_rgb(img)
+    if 0 in img.size:
+        raise BadImage(f"image is {img.width}x{img.height}: it has no pixels")
     if img.size == (8, 8):
         return np.asarray(img, dtype=np.uint8), None
     face = np.asarray(img, dtype=np.uint8) if img.size == (32, 32) else photo_to_32(img)
     return downsample_8(face), face
+
+
+def read_input(source) -> tuple[np.ndarray, np.ndarray | None]:
+    """What every front end (the Python API, the batch command, the demo) feeds the model: an image
+    file (a path or an open binary file), a PIL image or a numpy array -> (8x8x3 input, 32x32 face
+    or None), through open_rgb and image_to_input. Raises BadImage (a ValueError) saying why a
+    source is not a usable image."""
+    if isinstance(source, Image.Image):
+        img = source
+    elif isinstance(source, np.ndarray):
+        img = array_to_image(source)
+    elif isinstance(source, (str, os.PathLike)) or hasattr(source, "read"):
+        img = open_rgb(os.fspath(source) if isinstance(source, os.PathLike) else source)
+    else:
+        raise BadImage(f"expected an image file, a PIL image or a numpy array, got {type(source).__name__}")
+    return image_to_input(img)
+
+
+def array_to_image(a: np.ndarray) -> Image.Image:
+    """A numpy image -> PIL: (H, W) or (H, W, 1) grey, (H, W, 3) RGB, (H, W, 4) RGBA, with
+    intensities 0..255 (uint8, or another integer type within that range)."""
+    a = np.asarray(a)
+    if a.ndim == 3 and a.shape[-1] == 1:
+        a = a[..., 0]
+    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[-1] not in (3, 4)):
+        raise BadImage(f"expected an image array of shape (H, W), (H, W, 3) or (H, W, 4), got {a.shape}")
+    if a.size == 0:
+        raise BadImage(f"image is {a.shape[1]}x{a.shape[0]}: it has no pixels")
+    return Image.fromarray(np.ascontiguousarray(_intensities(a)))  # mode from the shape: L, RGB, RGBA
+
+
+def _intensities(a: np.ndarray) -> np.ndarray:
+    """Integer intensities 0..255 as uint8; anything else (floats, bools, out of range) is refused."""
+    if a.dtype != np.uint8:
+        if not np.issubdtype(a.dtype, np.integer):
+            raise BadImage(f"expected uint8 intensities 0..255, got dtype {a.dtype}")
+        if a.min() < 0 or a.max() > 255:
+            raise BadImage(f"expected intensities in 0..255, got range {a.min()}..{a.max()}")
+        a = a.astype(np.uint8)
+    return a
 
 
 def check_input(lr: np.ndarray) -> np.ndarray:
@@ -128,13 +204,7 @@ def check_input(lr: np.ndarray) -> np.ndarray:
         lr = lr[None]
     if lr.ndim != 4 or lr.shape[1:] != (8, 8, 3):
         raise ValueError(f"expected 8x8 RGB input of shape (8, 8, 3) or (B, 8, 8, 3), got {lr.shape}")
-    if lr.dtype != np.uint8:
-        if not np.issubdtype(lr.dtype, np.integer):
-            raise ValueError(f"expected uint8 intensities 0..255, got dtype {lr.dtype}")
-        if lr.min() < 0 or lr.max() > 255:
-            raise ValueError(f"expected intensities in 0..255, got range {lr.min()}..{lr.max()}")
-        lr = lr.astype(np.uint8)
-    return lr
+    return _intensities(lr)
 
 
 # ---------------------------------------------------------------- datasets

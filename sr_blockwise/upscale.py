@@ -1,9 +1,10 @@
 """Batch upscaling: folders, files and globs of faces in, 32x32 results out.
 
-The pipeline per image is the demo's: open_rgb -> image_to_input (centre-square or CelebA crop,
-area downsample to 8x8; 8x8 images as is) -> blockwise decoding -> 32x32. Images are decoded
-together in batches, in every mode; the decoder keeps each image's own position and accepted
-length (and, sampling, its own seed), so an image's output does not depend on its batch.
+The pipeline per image is the Python API's (api.Upscaler), the demo's too: data.read_input
+(centre-square or CelebA crop, area downsample to 8x8; 8x8 images as is; large photos read at
+reduced size) -> blockwise decoding -> 32x32. Images are decoded together in batches, in every
+mode; the decoder keeps each image's own position and accepted length (and, sampling, its own
+seed), so an image's output does not depend on its batch.
 
 Safety rules, each enforced below:
 - outputs are written to a hidden temporary file in the target folder and renamed into place, so
@@ -25,13 +26,13 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 from PIL import Image
 
-from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, image_to_input, match_input, open_rgb
+from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, match_input, read_input
 from .metrics import PSNR_SETTINGS, SSIM_SETTINGS, psnr, ssim
 
 SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
@@ -266,13 +267,13 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
 # ---------------------------------------------------------------- single images
 
 def load_input(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
-    """A file -> (8x8x3 input, 32x32 face or None): the demo's crop and downsample."""
-    return image_to_input(open_rgb(path))
+    """A file -> (8x8x3 input, 32x32 face or None): the API's and the demo's crop and downsample."""
+    return read_input(path)
 
 
 def load_ground_truth(path: Path) -> np.ndarray:
     """A real face of any size -> 32x32 through the same crop as the inputs."""
-    _, face = image_to_input(open_rgb(path))
+    _, face = read_input(path)
     if face is None:
         raise BadImage(f"{path}: an 8x8 image cannot be a 32x32 ground truth")
     return face
@@ -315,8 +316,9 @@ def quality(gt: np.ndarray, img: np.ndarray) -> tuple[float, float]:
 
 def job_seed(seed: int, rel: PurePosixPath) -> int:
     """Sampling seed per image (decode's `seeds=`) from --seed and its relative path: the same
-    image gets the same sample whatever its batch, shard or resume. (The factor 1_000_003 keeps
-    the samples of earlier versions, which decoded each image alone as decode's image 0.)"""
+    image gets the same sample whatever its batch, shard or resume. (The factor 1_000_003 is the
+    stride of decode's own per-image seeds: an image gets the sample decode gives it alone, as its
+    image 0, at seed sha1(SEED:REL).)"""
     return int.from_bytes(hashlib.sha1(os.fsencode(f"{seed}:{rel}")).digest()[:4], "big") * 1_000_003
 
 
@@ -453,21 +455,6 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def pick_device(name: str) -> str:
-    import torch
-    if name == "auto":
-        if torch.cuda.is_available():  # under torchrun, each process takes its own GPU
-            return f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
-        return "cpu"
-    try:
-        dev = torch.device(name)
-    except RuntimeError as e:
-        raise ValueError(f"--device {name!r}: {e}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA GPU is available")
-    return name
-
-
 class _StopFlag:
     """First Ctrl-C / SIGTERM: finish the current batch, then stop. Second: stop now."""
 
@@ -492,13 +479,12 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def decode_batch(model, lrs: np.ndarray, jobs: list[Job], opts, progress=None):
-    """(B,8,8,3) -> (images, stats). Sampling seeds each image from its path (job_seed), not from
-    its position in the batch, so a sample does not depend on its batch either."""
-    from .decoding import decode
+def decode_batch(up, lrs: np.ndarray, jobs: list[Job], opts, progress=None):
+    """(B,8,8,3) -> (the decoder's own images, api.ImageStats per image). Sampling seeds each
+    image from its path (job_seed), not from its position in the batch, so a sample does not
+    depend on its batch either."""
     seeds = [job_seed(opts.seed, j.rel) for j in jobs] if opts.temperature > 0 else None
-    r = decode(model, lrs, opts, progress=progress, seeds=seeds)
-    return r.images, r.stats
+    return up.decode(lrs, opts, seeds=seeds, progress=progress)
 
 
 def run(cfg: Config) -> int:
@@ -507,8 +493,8 @@ def run(cfg: Config) -> int:
     import torch
     from tqdm import tqdm
 
-    from .checkpoints import default_weights, load_model
-    from .decoding import default_prior_weight, options_for
+    from .api import Upscaler
+    from .decoding import options_for
     from .model import SEQ_LEN
 
     if cfg.batch_size < 1:
@@ -532,21 +518,17 @@ def run(cfg: Config) -> int:
             print(_printable(f"{'skip' if id(j) in skip else 'todo'}\t{j.src}\t{j.out}"))
         return 0
 
-    # a bad mode fails here, before the model loads; the default guidance weight needs the model
-    opts = options_for(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
-                       prior_weight=1.0 if cfg.prior_weight is None else cfg.prior_weight)
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-    if cfg.dtype not in dtypes:
-        raise ValueError(f"--dtype {cfg.dtype!r}: choose from {sorted(dtypes)}")
+    # a bad mode fails here, before the model loads (the options are made again with the model)
+    options_for(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    device = pick_device(cfg.device)
     t0 = time.perf_counter()
-    weights = cfg.weights or default_weights()
-    model = load_model(weights, dtype=dtypes[cfg.dtype], device=device)
-    prior_weight = default_prior_weight(model) if cfg.prior_weight is None else cfg.prior_weight
-    opts = replace(opts, prior_weight=prior_weight)
-    opts.check(model)  # k beyond this model's heads etc.: a bad argument, before any work
+    up = Upscaler(cfg.weights, device=cfg.device, dtype=cfg.dtype)
+    # the weights' default guidance where none is given; k beyond this model's heads etc.: a bad
+    # argument, before any work
+    opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
+                      prior_weight=cfg.prior_weight)
+    prior_weight, weights, device = opts.prior_weight, up.weights, up.device
 
     s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
     settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
@@ -626,7 +608,7 @@ def run(cfg: Config) -> int:
                 bjobs = [j for j, _ in batch]
                 lrs = np.stack([lr for _, lr in batch])
                 try:
-                    images, stats = decode_batch(model, lrs, bjobs, opts, None if cfg.quiet else progress)
+                    images, stats = decode_batch(up, lrs, bjobs, opts, None if cfg.quiet else progress)
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # e.g. out of GPU memory: report the batch, go on
@@ -634,7 +616,7 @@ def run(cfg: Config) -> int:
                         fail(j, f"decoding failed: {type(e).__name__}: {e}")
                     continue
                 if cfg.measure_greedy and s.greedy_check is None and opts.k > 1:  # two more decodes
-                    s.greedy_check = _greedy_check(model, lrs, images, opts)
+                    s.greedy_check = _greedy_check(up.model, lrs, images, opts)
                 if cfg.match_input:  # after the greedy check, which compares the decoder's own outputs
                     images = match_input(images, lrs)
                 for j, lr, img, st in zip(bjobs, lrs, images, stats):

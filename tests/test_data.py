@@ -1,13 +1,18 @@
-"""Data: the paper's crop, the 8x8 inputs, the fixed split, bad files."""
+"""Data: the paper's crop, the 8x8 inputs, photo sizes, the fixed split, bad files."""
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from sr_blockwise.cli import main
-from sr_blockwise.data import (BadImage, check_input, downsample_8, from_tokens, image_to_input,
-                               load_faces, match_input, open_rgb, photo_to_32, to_tokens)
+from sr_blockwise.data import (FULL_READ_PIXELS, REDUCED_MIN_SIDE, BadImage, array_to_image, check_input,
+                               downsample_8, from_tokens, image_to_input, load_faces, match_input, open_rgb,
+                               photo_to_32, read_input, to_rgb, to_tokens)
 
 
 def test_downsample_is_the_4x4_box_average():
@@ -150,3 +155,130 @@ def test_16bit_greyscale_is_scaled_not_clipped(tmp_path, value, mode, ext):
         assert opened.mode == mode
     lr, face = image_to_input(open_rgb(path))
     assert (lr == value >> 8).all() and (face == value >> 8).all()
+
+
+# ---------------------------------------------------------------- photo sizes
+
+def full_read(path) -> np.ndarray:
+    """The 8x8 input of a photo decoded at full resolution, whatever its size."""
+    with Image.open(path) as img:
+        img.load()
+        return image_to_input(to_rgb(img))[0]
+
+
+def scene(rng, w, h, blobs=40) -> Image.Image:
+    """A photo-like image: a smooth random field with sharp-edged shapes on it."""
+    from PIL import ImageDraw
+    img = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((w, h), Image.Resampling.BICUBIC)
+    draw = ImageDraw.Draw(img)
+    for _ in range(blobs):
+        x, y = rng.integers(0, w), rng.integers(0, h)
+        draw.ellipse((x, y, x + w // 25, y + h // 30), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    return img
+
+
+def test_ordinary_photos_give_the_same_input_as_a_full_read(tmp_path, rng):
+    """Photos up to FULL_READ_PIXELS are decoded whole: their 8x8 inputs are bit for bit those of
+    a full-resolution read, whatever the format, mode or EXIF orientation."""
+    big = scene(rng, 4000, 3000)
+    rotated = big.resize((640, 480))
+    exif = rotated.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees on display
+    rgba = big.resize((300, 200)).convert("RGBA")
+    rgba.putalpha(100)
+    files = {"12mp.jpg": (big, {"quality": 90}), "photo.png": (big.resize((1200, 900)), {}),
+             "rotated.jpg": (rotated, {"exif": exif}), "rgba.png": (rgba, {}),
+             "grey.webp": (big.resize((500, 700)).convert("L"), {}), "p.gif": (big.resize((90, 90)).convert("P"), {})}
+    for name, (img, kw) in files.items():
+        img.save(tmp_path / name, **kw)
+        lr, _ = read_input(tmp_path / name)
+        np.testing.assert_array_equal(lr, full_read(tmp_path / name), err_msg=name)
+    assert read_input(tmp_path / "rotated.jpg")[0].shape == (8, 8, 3)
+    assert 4000 * 3000 <= FULL_READ_PIXELS
+
+
+def test_a_real_face_gives_the_input_it_always_gave(celeba_npz):
+    """A held-out CelebA photo's 8x8 input, as the project has always made it (its SHA-256)."""
+    import hashlib
+    jpg = celeba_npz.parent / "celeba" / "img_align_celeba" / "182752.jpg"
+    lr, face = read_input(jpg)
+    assert hashlib.sha256(lr.tobytes()).hexdigest()[:16] == "e112c465fd6639e7"
+    assert hashlib.sha256(face.tobytes()).hexdigest()[:16] == "11a3325e95761db2"
+
+
+@pytest.fixture(scope="module")
+def photo_48mp(tmp_path_factory):
+    """An 8000x6000 (48 MP) phone-sized JPEG, shot in portrait: EXIF orientation 6."""
+    path = tmp_path_factory.mktemp("big") / "48mp.jpg"
+    img = scene(np.random.default_rng(1), 8000, 6000)
+    exif = img.getexif()
+    exif[0x0112] = 6
+    img.save(path, quality=90, exif=exif)
+    return path
+
+
+def test_a_48_megapixel_jpeg_is_read_at_reduced_size(photo_48mp):
+    img = open_rgb(photo_48mp)
+    assert img.info["full_size"] == (6000, 8000)  # the photo as shown: portrait
+    assert img.width < img.height and REDUCED_MIN_SIDE <= img.width < 6000
+    lr, face = image_to_input(img)
+    full = full_read(photo_48mp).astype(int)
+    assert np.abs(lr.astype(int) - full).mean() <= 0.5 and np.abs(lr.astype(int) - full).max() <= 2
+
+
+def test_a_48_megapixel_jpeg_is_read_in_bounded_memory(photo_48mp):
+    """Peak memory of reading it (a fresh process's maxrss) stays a fraction of its full decode,
+    144 MB of RGB."""
+    resource = pytest.importorskip("resource")
+    code = ("import resource, sys; from sr_blockwise.data import read_input\n"
+            "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "before = rss(); read_input(sys.argv[1]); print((rss() - before) / 1024)")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code, str(photo_48mp)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(root)})
+    assert float(out.stdout) < 48  # MB, a third of the full decode alone
+
+
+def test_large_png_and_bilevel_images_are_reduced_too(tmp_path):
+    img = Image.new("L", (7000, 6000), 30)
+    img.paste(200, (0, 0, 3500, 6000))  # left half light
+    img.save(tmp_path / "big.png", compress_level=1)
+    Image.new("1", (8000, 6000), 1).save(tmp_path / "white.png")
+    reduced = open_rgb(tmp_path / "big.png")
+    assert reduced.info["full_size"] == (7000, 6000) and max(reduced.size) < 7000
+    np.testing.assert_array_equal(read_input(tmp_path / "big.png")[0], full_read(tmp_path / "big.png"))
+    assert (read_input(tmp_path / "white.png")[0] == 255).all()
+
+
+def test_images_over_pillows_decompression_bomb_limit_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000_000)  # refused above twice this
+    Image.new("RGB", (1500, 1500)).save(tmp_path / "bomb.png")
+    with pytest.raises(BadImage, match="too large"):
+        open_rgb(tmp_path / "bomb.png")
+
+
+# ---------------------------------------------------------------- inputs of the Python API
+
+def test_arrays_give_the_input_of_the_same_pil_image(rng):
+    rgb = rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)
+    rgba = rng.integers(0, 256, (40, 30, 4), dtype=np.uint8)
+    grey = rng.integers(0, 256, (40, 30), dtype=np.uint8)
+    for a in (rgb, rgba, grey, grey[..., None], rgb.astype(np.int64)):
+        pil = Image.fromarray(a.astype(np.uint8).squeeze())
+        np.testing.assert_array_equal(read_input(a)[0], read_input(pil)[0])
+    assert array_to_image(rgba).mode == "RGBA" and array_to_image(grey).mode == "L"
+
+
+@pytest.mark.parametrize("source, message", [
+    (np.zeros((20, 20, 3), np.float32), "got dtype float32"),
+    (np.zeros((20, 20), bool), "got dtype bool"),
+    (np.full((20, 20), 300, np.int32), "0..255, got range 300..300"),
+    (np.zeros((0, 20, 3), np.uint8), "image is 20x0: it has no pixels"),
+    (np.zeros((20, 20, 2), np.uint8), "shape"),
+    (Image.new("RGB", (0, 0)), "no pixels"),
+    (object(), "expected an image file, a PIL image or a numpy array, got object"),
+    (None, "got NoneType"),
+])
+def test_unusable_sources_raise_value_errors(source, message):
+    with pytest.raises(ValueError, match=message):
+        read_input(source)

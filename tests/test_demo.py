@@ -67,8 +67,19 @@ def files(tmp_path_factory):
     (d / "truncated.jpg").write_bytes(data[: len(data) // 3])
     (d / "empty.png").write_bytes(b"")
     (d / "notes.txt").write_text("not an image at all\n")
-    Image.new("1", (8000, 6250)).save(d / "huge.png")  # 50 megapixels, a small file
+    Image.new("1", (8000, 6250)).save(d / "big.png")  # 50 megapixels, a small file: read at reduced size
+    (d / "huge.png").write_bytes(png_header(20000, 20000))  # 400 MP: over Pillow's decompression-bomb limit
     return {p.stem: str(p) for p in d.iterdir()}
+
+
+def png_header(w: int, h: int) -> bytes:
+    """A PNG that claims w x h pixels and holds none: refused by Pillow on its size alone."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0)) + chunk(b"IEND", b"")
 
 
 # ---------------------------------------------------------------- without a server
@@ -108,10 +119,12 @@ def test_prepare_input(files, tmp_path):
         img.save(tmp_path / name)
         assert prepare_input(tmp_path / name).lr.shape == (8, 8, 3), name
     for bad, why in [("truncated", "not a readable image"), ("empty", "empty file"),
-                     ("notes", "not a readable image"), ("huge", "50 MP")]:
+                     ("notes", "not a readable image"), ("huge", "too large")]:
         with pytest.raises(BadImage, match=why) as e:
             prepare_input(files[bad])
         assert os.path.dirname(files[bad]) not in str(e.value)  # no server paths in messages
+    big = prepare_input(files["big"])
+    assert "8000x6250 photo: centre square" in big.note and big.info["size"] == [8000, 6250]
 
 
 def skimage_astronaut():
@@ -207,7 +220,7 @@ def test_client_errors_are_messages(server, files):
     from gradio_client.exceptions import AppError
     client = Client(server, verbose=False, analytics_enabled=False)
     for bad, why in [("truncated", "not a readable image"), ("empty", "empty file"),
-                     ("notes", "not a readable image"), ("huge", "50 MP")]:
+                     ("notes", "not a readable image"), ("huge", "too large")]:
         with pytest.raises(AppError, match=why):
             client.predict(handle_file(files[bad]), "centre square", K, EPS, False, api_name="/upscale")
     with pytest.raises(AppError, match="Upload a photo"):

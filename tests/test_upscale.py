@@ -38,6 +38,16 @@ def tiny8(rng):
     return rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
 
 
+def png_header(w: int, h: int) -> bytes:
+    """A PNG that claims w x h pixels and holds none: refused by Pillow on its size alone."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0)) + chunk(b"IEND", b"")
+
+
 @pytest.fixture
 def common(tiny_weights):
     # one thread: the machine is shared; exact k=4 is the mode users run
@@ -70,6 +80,7 @@ def test_tree_with_bad_files(tmp_path, common, capsys, rng):
     save(src / "a.jpg", face_a)
     save(src / "nested" / "deeper" / "b.png", photo(rng, 40, 40))
     save(src / "nested" / "c.png", tiny8(rng))  # 8x8: used as is
+    Image.new("RGB", (8000, 6000), (90, 60, 30)).save(src / "phone.jpg")  # 48 MP: read at reduced size
     save(gt / "a.png", face_a)  # ground truth for a: matched by stem, any extension
     bad = src / "bad"
     bad.mkdir()
@@ -77,14 +88,14 @@ def test_tree_with_bad_files(tmp_path, common, capsys, rng):
     (bad / "corrupt.jpg").write_bytes(jpeg[: len(jpeg) // 2])
     (bad / "empty.png").write_bytes(b"")
     (bad / "text.png").write_text("not an image at all\n")
-    Image.new("1", (8000, 6000)).save(bad / "huge.png")  # 48 MP: over the limit, small on disk
+    (bad / "huge.png").write_bytes(png_header(20000, 20000))  # 400 MP: over Pillow's decompression-bomb limit
     (src / "notes.txt").write_text("ignored: no image extension\n")
 
     rc = main([str(src), "-o", str(out), "--batch-size", "4", "--compare", "--metrics",
                str(tmp_path / "m.json"), "--ground-truth", str(gt)] + common)
     cap = capsys.readouterr()
     assert rc == 1
-    for rel in ["a.png", "nested/deeper/b.png", "nested/c.png"]:  # the mirrored tree
+    for rel in ["a.png", "nested/deeper/b.png", "nested/c.png", "phone.png"]:  # the mirrored tree
         img = Image.open(out / rel)
         assert img.size == (32, 32) and img.mode == "RGB"
         assert (out / rel).with_name(Path(rel).stem + "_compare.png").is_file()
@@ -92,13 +103,13 @@ def test_tree_with_bad_files(tmp_path, common, capsys, rng):
     for name in ["corrupt.jpg", "empty.png", "huge.png", "text.png"]:  # reported with path and reason
         assert str(bad / name) in cap.err and str(bad / name) in cap.out
     assert "notes.txt" not in cap.out + cap.err.replace("e.g. " + str(src / "notes.txt"), "")
-    assert "done 3, skipped 0 (already there), failed 4" in cap.out
+    assert "done 4, skipped 0 (already there), failed 4" in cap.out
     assert leftovers(out) == [] and leftovers(tmp_path) == []
 
     m = json.loads((tmp_path / "m.json").read_text())
     rows = {Path(r["input"]).name: r for r in m["images"]}
-    assert sorted(r["status"] for r in rows.values()) == ["done"] * 3 + ["failed"] * 4
-    assert "empty" in rows["empty.png"]["reason"] and "MP limit" in rows["huge.png"]["reason"]
+    assert sorted(r["status"] for r in rows.values()) == ["done"] * 4 + ["failed"] * 4
+    assert "empty" in rows["empty.png"]["reason"] and "too large" in rows["huge.png"]["reason"]
     a = rows["a.jpg"]
     assert a["mode"] == "exact" and a["k"] == 4 and a["calls"] > 0 and a["mean_block"] >= 1
     assert np.isfinite(a["psnr"]) and -1 <= a["ssim"] <= 1 and "psnr_bicubic" in a
@@ -277,7 +288,7 @@ def test_prior_weight_is_applied_recorded_and_checked_on_resume(tmp_path, fast, 
 
 
 def test_default_guidance_follows_the_weights(tmp_path, tiny_weights, rng):
-    """Weights without the learned input prior (session 1's) decode at guidance 1 by default;
+    """Weights without the learned input prior decode at guidance 1 by default;
     weights with it at DEFAULT_PRIOR_WEIGHT; an explicit weight they cannot take is refused."""
     from conftest import make_tiny
     from sr_blockwise.checkpoints import save_weights

@@ -1,0 +1,162 @@
+"""The Python API: upscale faces from your own code.
+
+    from sr_blockwise import Upscaler
+    up = Upscaler("cpu-finetuned")                # shipped weights name, or a .json / .pt path
+    face = up.upscale(Image.open("me.jpg"))        # a 32x32 PIL image
+    faces, stats = up.upscale([photo, array], mode="approx", return_stats=True)
+
+Every input goes through the crop and downsample of the batch command and the demo
+(data.read_input); decoding is decoding.decode, in batches, each image at its own position (and,
+sampling, with its own noise), so an image's output does not depend on the images decoded with
+it. The batch command (`sr-blockwise upscale`) and the demo load their weights and decode through
+this class and the functions it is built on.
+
+Importing this module is cheap: torch is imported when an Upscaler is made.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+
+from . import data
+
+DTYPES = ("bfloat16", "float16", "float32")
+# decode's per-image seed for a sampling seed s: s * SEED_STRIDE is what decode gives an image
+# decoded alone with DecodeOptions(seed=s) (see decoding._sampling_noise), as the demo decodes
+SEED_STRIDE = 1_000_003
+
+
+@dataclass(frozen=True)
+class ImageStats:
+    """Decode statistics of one image."""
+    calls: int  # model calls this image took part in (greedy decoding: one per intensity, 3072)
+    mean_block: float  # intensities accepted per decoding step (the paper's mean block size)
+    seconds: float  # from the start of its batch's decode until this image was finished
+
+
+def pick_device(name: str) -> str:
+    """'auto' (the GPU if there is one, else the CPU), 'cpu', 'cuda', 'cuda:1', ..."""
+    import torch
+    if name == "auto":
+        if torch.cuda.is_available():  # under torchrun, each process takes its own GPU
+            return f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
+        return "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"--device {name!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA GPU is available")
+    return name
+
+
+def torch_dtype(name):
+    """'bfloat16', 'float16', 'float32' (or a torch.dtype) -> the torch.dtype."""
+    import torch
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"--dtype {name!r}: choose from {sorted(DTYPES)}")
+    return getattr(torch, name)
+
+
+class Upscaler:
+    """Weights loaded once; upscale() as often as you like.
+
+    weights: a shipped weights name (weights/NAME.json), a .json / .safetensors path or a training
+    checkpoint .pt; None: the shipped default. device: 'auto' (the GPU if there is one), 'cpu',
+    'cuda', ... dtype: 'bfloat16' (default), 'float16', 'float32' or a torch.dtype: the matrix
+    products' precision (the priors and output layer stay float32). Bad weights raise
+    checkpoints.WeightsError, a ValueError saying why."""
+
+    def __init__(self, weights: str | Path | None = None, device: str = "auto", dtype="bfloat16"):
+        from .checkpoints import default_weights, load_model
+        self.dtype = torch_dtype(dtype)
+        self.device = pick_device(device)
+        self.weights = str(weights) if weights is not None else default_weights()
+        self.model = load_model(self.weights, dtype=self.dtype, device=self.device)
+
+    def __repr__(self) -> str:
+        return f"Upscaler({self.weights!r}, device={self.device!r}, dtype={str(self.dtype).removeprefix('torch.')!r})"
+
+    @property
+    def max_k(self) -> int:
+        """The largest block size k these weights decode with (their number of heads)."""
+        return self.model.cfg.n_blockwise
+
+    def options(self, mode: str = "exact", k: int = 6, eps: int = 2, temperature: float = 1.0,
+                seed: int = 0, prior_weight: float | None = None):
+        """decoding.DecodeOptions for a decode mode (decoding.MODES), checked against these weights.
+        prior_weight None: the weights' default input guidance (decoding.default_prior_weight)."""
+        from .decoding import default_prior_weight, options_for
+        w = default_prior_weight(self.model) if prior_weight is None else prior_weight
+        opts = options_for(mode, k=k, eps=eps, temperature=temperature, seed=seed, prior_weight=w)
+        opts.check(self.model)
+        return opts
+
+    def decode(self, lrs: np.ndarray, opts, seeds: Sequence[int] | None = None,
+               progress=None) -> tuple[np.ndarray, list[ImageStats]]:
+        """One batch: 8x8 inputs (B, 8, 8, 3) uint8 -> the decoder's own outputs (B, 32, 32, 3)
+        uint8 (not matched to their inputs) and each image's statistics. seeds: decode's sampling
+        seed per image (sampling only); progress: decode's live callback."""
+        from .decoding import decode
+        r = decode(self.model, lrs, opts, progress=progress, seeds=seeds)
+        return r.images, [ImageStats(int(st.calls), float(st.mean_block), float(st.seconds)) for st in r.stats]
+
+    def upscale(self, images, mode: str = "exact", k: int = 6, eps: int = 2, temperature: float = 1.0,
+                seed: int | Sequence[int] = 0, prior_weight: float | None = None, match_input: bool = True,
+                batch_size: int = 8, return_stats: bool = False):
+        """Upscale one face, or a list of them, to 32x32.
+
+        images: a PIL image, a numpy array ((H, W) grey, (H, W, 3) RGB or (H, W, 4) RGBA, integers
+        0..255) or an image file path, of any size: 8x8 is used as is, 32x32 taken as the face,
+        178x218 gets CelebA's crop, anything else its centre square, area-downsampled to 8x8. One
+        image gives one 32x32 RGB PIL image; a list or tuple (or an (N, H, W, C) array) gives a
+        list, decoded batch_size at a time. Every input is checked before any decoding: an
+        unusable one raises data.BadImage, a ValueError saying why (and, in a list, which).
+
+        mode: greedy, exact (blockwise, the same output as greedy), approx (blockwise, accepting
+        proposals within eps levels) or sample (at `temperature`; with k > 1 by speculative
+        sampling, the same distribution in fewer calls). k: block size, 1..max_k. seed (sample):
+        an int for every image, or one per image; an image's sample depends on its input and
+        seed only. prior_weight: input guidance, None for the weights' default. match_input: shift
+        each output's 4x4 blocks so that they average to the 8x8 input (data.match_input), as the
+        batch command does by default. return_stats: also return ImageStats (one, or a list)."""
+        single = not (isinstance(images, (list, tuple)) or (isinstance(images, np.ndarray) and images.ndim == 4))
+        items = [images] if single else list(images)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        seeds = [seed] * len(items) if isinstance(seed, (int, np.integer)) else list(seed)
+        if len(seeds) != len(items):
+            raise ValueError(f"got {len(seeds)} seeds for {len(items)} images")
+        opts = self.options(mode, k=k, eps=eps, temperature=temperature,
+                            seed=int(seeds[0]) if seeds else 0, prior_weight=prior_weight)
+        lrs = np.stack([self.prepare(x, None if single else f"image {i}") for i, x in enumerate(items)]) \
+            if items else np.zeros((0, 8, 8, 3), np.uint8)
+        outs, stats = [], []
+        for start in range(0, len(items), batch_size):
+            lr = lrs[start:start + batch_size]
+            batch_seeds = [int(s) * SEED_STRIDE for s in seeds[start:start + batch_size]] if opts.temperature > 0 else None
+            imgs, st = self.decode(lr, opts, seeds=batch_seeds)
+            if match_input:
+                imgs = data.match_input(imgs, lr)
+            outs += [Image.fromarray(img) for img in imgs]
+            stats += st
+        if single:
+            return (outs[0], stats[0]) if return_stats else outs[0]
+        return (outs, stats) if return_stats else outs
+
+    @staticmethod
+    def prepare(image, label: str | None = None) -> np.ndarray:
+        """One image (as upscale takes it) -> its 8x8x3 uint8 input. label: named in the error."""
+        try:
+            return data.read_input(image)[0]
+        except data.BadImage as e:
+            if label is None:
+                raise
+            raise data.BadImage(f"{label}: {e}") from None

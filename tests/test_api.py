@@ -1,0 +1,171 @@
+"""The Python API, sr_blockwise.Upscaler: the shipped weights on real held-out CelebA faces where
+the property is about them (one batch of two, one face alone), the random tiny model from conftest
+elsewhere."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sr_blockwise import Upscaler, cli
+from sr_blockwise.api import ImageStats
+from sr_blockwise.data import match_input, read_input
+from sr_blockwise.decoding import decode, options_for
+
+FAST = {"mode": "approx", "k": 8, "eps": 150}  # the random tiny model accepts long blocks here: fast
+FACES = ("182752.jpg", "182832.jpg")  # held-out: CelebA test partition, id % 16 == 0
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine is shared: one thread decodes fastest
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_weights, one_thread):
+    return Upscaler(tiny_weights, device="cpu")
+
+
+def photo(rng, h=50, w=40):
+    small = rng.integers(0, 256, (h // 10 + 1, w // 10 + 1, 3), dtype=np.uint8)
+    return np.asarray(Image.fromarray(small).resize((w, h), Image.Resampling.BICUBIC))
+
+
+def pixels(img) -> np.ndarray:
+    assert isinstance(img, Image.Image) and img.size == (32, 32) and img.mode == "RGB"
+    return np.asarray(img)
+
+
+def test_import_is_light():
+    code = ("import sys, sr_blockwise, sr_blockwise.api; print('torch' in sys.modules); "
+            "print(sr_blockwise.Upscaler is sr_blockwise.api.Upscaler)")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_list_gives_a_list_and_the_batch_does_not_matter(tiny, rng):
+    images = [photo(rng), rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), photo(rng, 64, 64),
+              photo(rng, 30, 90), photo(rng)]
+    outs, stats = tiny.upscale(images, batch_size=3, return_stats=True, **FAST)  # batches of 3 and 2
+    assert isinstance(outs, list) and len(outs) == len(stats) == 5
+    assert all(isinstance(s, ImageStats) and s.calls > 0 and s.mean_block >= 1 and s.seconds > 0 for s in stats)
+    alone, st = tiny.upscale(images[3], return_stats=True, **FAST)  # one image in: one out
+    np.testing.assert_array_equal(pixels(alone), pixels(outs[3]))
+    assert st.calls == stats[3].calls and st.mean_block == stats[3].mean_block
+    # a tuple and an (N, H, W, C) array are lists too; an empty list gives an empty one
+    again = tiny.upscale(np.stack([images[0], images[4]]), batch_size=1, **FAST)
+    assert [pixels(x).tolist() for x in again] == [pixels(outs[0]).tolist(), pixels(outs[4]).tolist()]
+    assert tiny.upscale((), **FAST) == [] and tiny.upscale([], return_stats=True, **FAST) == ([], [])
+
+
+def test_pil_numpy_and_a_file_give_the_same_face(tiny, rng, tmp_path):
+    arr = photo(rng, 60, 45)
+    Image.fromarray(arr).save(tmp_path / "face.png")
+    outs = tiny.upscale([arr, Image.fromarray(arr), tmp_path / "face.png", str(tmp_path / "face.png")], **FAST)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(pixels(out), pixels(outs[0]))
+    # grey and RGBA arrays are the PIL images of their shape
+    grey, rgba = arr[..., 0], np.dstack([arr, arr[..., :1]])
+    for a, mode in ((grey, "L"), (rgba, "RGBA")):
+        np.testing.assert_array_equal(Upscaler.prepare(a), Upscaler.prepare(Image.fromarray(a, mode)))
+
+
+def test_the_output_is_the_decoders_matched_to_the_input(tiny, rng):
+    """match_input=False: the decoder's own output at the weights' default guidance; True (the
+    default): that output back-projected onto the 8x8 input."""
+    arr = photo(rng)
+    lr = read_input(arr)[0]
+    ref = decode(tiny.model, lr[None], tiny.options(**FAST)).images[0]
+    np.testing.assert_array_equal(pixels(tiny.upscale(arr, match_input=False, **FAST)), ref)
+    np.testing.assert_array_equal(pixels(tiny.upscale(arr, **FAST)), match_input(ref, lr))
+    other = decode(tiny.model, lr[None], options_for(FAST["mode"], FAST["k"], FAST["eps"], prior_weight=1.0)).images[0]
+    np.testing.assert_array_equal(pixels(tiny.upscale(arr, match_input=False, prior_weight=1.0, **FAST)), other)
+
+
+def test_a_sample_depends_on_its_image_and_seed_only(tiny, rng):
+    """In a list or alone, an image's sample is decode's for that image alone at that seed (as the
+    demo decodes it); a list of seeds gives each image its own."""
+    a, b = photo(rng), photo(rng, 70, 50)
+    kw = {"mode": "sample", "k": 4, "temperature": 0.8, "match_input": False}
+    pair = tiny.upscale([a, b], seed=7, **kw)
+    ref = decode(tiny.model, read_input(b)[0][None], tiny.options("sample", k=4, temperature=0.8, seed=7))
+    np.testing.assert_array_equal(pixels(pair[1]), ref.images[0])
+    other = tiny.upscale([b], seed=[8], **kw)[0]
+    assert not np.array_equal(pixels(other), pixels(pair[1]))
+
+
+@pytest.mark.parametrize("image, message", [
+    (np.zeros((20, 20, 3), np.float32), "expected uint8 intensities 0..255, got dtype float32"),
+    (np.zeros((0, 20, 3), np.uint8), "image is 20x0: it has no pixels"),
+    (Image.new("RGB", (0, 0)), "image is 0x0: it has no pixels"),
+    (np.zeros((20, 20, 5), np.uint8), "shape"),
+    (object(), "expected an image file, a PIL image or a numpy array, got object"),
+    (None, "got NoneType"),
+    ("no-such-photo.jpg", "no-such-photo.jpg: not a readable image"),
+])
+def test_bad_inputs_raise_value_errors_before_any_decoding(tiny, monkeypatch, image, message):
+    monkeypatch.setattr(tiny, "decode", lambda *a, **kw: pytest.fail("decoded"))
+    with pytest.raises(ValueError, match=message):
+        tiny.upscale(image, **FAST)
+    with pytest.raises(ValueError, match=f"image 1: .*{message}"):  # in a list: which one
+        tiny.upscale([np.zeros((8, 8, 3), np.uint8), image], **FAST)
+
+
+def test_bad_settings_raise_value_errors(tiny):
+    img = np.zeros((8, 8, 3), np.uint8)
+    for kw, message in [({"mode": "fast"}, "unknown mode"), ({"k": 99}, "k must be in 1..10"),
+                        ({"batch_size": 0}, "batch_size"), ({"seed": [1, 2]}, "2 seeds for 1 images")]:
+        with pytest.raises(ValueError, match=message):
+            tiny.upscale(img, **{"k": 4, **kw})
+    with pytest.raises(ValueError, match="no weights"):
+        Upscaler("no-such-weights")
+    with pytest.raises(ValueError, match="dtype"):
+        Upscaler("no-such-weights", dtype="int8")
+
+
+def test_bad_files_read_as_the_batch_command_reports_them(tiny, tiny_weights, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "empty.png").write_bytes(b"")
+    (bad / "notes.png").write_text("not an image\n")
+    Image.new("RGB", (40, 40)).save(bad / "cut.jpg")
+    (bad / "cut.jpg").write_bytes((bad / "cut.jpg").read_bytes()[:300])
+    assert cli.main(["upscale", str(bad), "-o", str(tmp_path / "out"), "--weights", tiny_weights, "--threads", "1",
+                     "--quiet", "--metrics", str(tmp_path / "m.json")]) == 1
+    reasons = {Path(r["input"]).name: r["reason"] for r in json.loads((tmp_path / "m.json").read_text())["images"]}
+    assert len(reasons) == 3
+    for name, reason in reasons.items():
+        with pytest.raises(ValueError) as e:
+            tiny.upscale(bad / name)
+        assert str(e.value) == f"{bad / name}: {reason}"
+
+
+# ---------------------------------------------------------------- shipped weights, real faces
+
+@pytest.fixture(scope="module")
+def faces(celeba_npz) -> list[Path]:
+    return [celeba_npz.parent / "celeba" / "img_align_celeba" / name for name in FACES]
+
+
+def test_shipped_weights_give_the_batch_commands_faces(faces, tmp_path, one_thread):
+    """Two real held-out faces through the API (exact mode, k=6, the batch command's defaults),
+    decoded together, equal the batch command's outputs and statistics; the second decoded alone
+    (from its file) gives the same face."""
+    up = Upscaler("cpu-finetuned")
+    outs, stats = up.upscale([Image.open(f) for f in faces], batch_size=2, return_stats=True)
+    assert cli.main(["upscale", *map(str, faces), "-o", str(tmp_path / "out"), "--weights", "cpu-finetuned",
+                     "--threads", "1", "--quiet", "--metrics", str(tmp_path / "m.json")]) == 0
+    rows = {Path(r["input"]).name: r for r in json.loads((tmp_path / "m.json").read_text())["images"]}
+    for f, out, st in zip(faces, outs, stats):
+        np.testing.assert_array_equal(pixels(out), np.asarray(Image.open(tmp_path / "out" / f"{f.stem}.png")))
+        assert rows[f.name]["calls"] == st.calls and rows[f.name]["mean_block"] == round(st.mean_block, 4)
+        assert st.mean_block > 1.2  # blockwise: fewer calls than greedy's 3072
+    np.testing.assert_array_equal(pixels(up.upscale(faces[1])), pixels(outs[1]))
