@@ -122,25 +122,10 @@ DECODE_THREADS = 1
 
 
 def page_defaults(model) -> tuple[int, int, float]:
-    """The page's starting k, eps and input guidance for this model (the --compile warm-up
-    decodes with them too): guidance 1 for weights without the learned input prior."""
+    """The page's starting k, eps and input guidance for this model: guidance 1 for weights
+    without the learned input prior."""
     from sr_blockwise.decoding import default_prior_weight
     return min(6, model.cfg.n_blockwise), 2, default_prior_weight(model)
-
-
-def compile_and_warm_up(model) -> None:
-    """`demo --compile`: compile the decoder (refused for bf16, with its reason) and decode once in
-    greedy and approximate mode at the page's defaults (exact makes approximate's calls), so that
-    the first user does not wait for the compiler."""
-    import numpy as np
-
-    from sr_blockwise.decoding import compile_for_decoding, decode, options_for
-    compile_for_decoding(model)
-    k0, eps0, w0 = page_defaults(model)
-    print(f"sr-blockwise demo: compiling the decoder: warm-up decodes at the page's defaults (k={k0}, "
-          f"guidance {w0:g}; about 30 s). Other k values compile when first used (10-40 s each).")
-    for mode in ("greedy", "approx"):
-        decode(model, np.zeros((1, 8, 8, 3), np.uint8), options_for(mode, k0, eps0, prior_weight=w0))
 
 
 class Cancelled(Exception):
@@ -502,8 +487,9 @@ def cmd_demo(args) -> int:
     model, name = up.model, up.weights
     if args.threads:  # before any worker thread starts: each begins with this count (DECODE_THREADS)
         torch.set_num_threads(args.threads)
-    if args.compile:
-        compile_and_warm_up(model)
+    from sr_blockwise import engine
+    if not engine.available():  # built here, once, rather than in the first user's decode
+        print("sr-blockwise demo: the native decoding engine is not available; decoding with PyTorch")
     data = args.data or DEFAULT_DATA / "celeba32.npz"
     if not args.no_celeba and Path(data).exists():
         print(f"sr-blockwise demo: reading held-out CelebA faces from {data}")
@@ -536,12 +522,6 @@ def register(subparsers) -> None:
                         "decodes one image at a time in a worker thread, where 2 threads ran 2x slower than "
                         "1 on a 2-core machine")
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="decoding dtype. float32 by default: the demo decodes one image at a time, and at "
-                        "batch 1 a bf16 matrix product costs a fixed ~35 us whatever its size (fp32: 10-17 "
-                        "us): greedy and eps=2 decoded 1.25x faster in fp32, exact mode as fast")
-    d.add_argument("--compile", action="store_true",
-                   help="torch.compile the decoder (float32 only): every mode decoded 1.6-1.8x faster on a "
-                        "CPU, after ~30 s of compiling at start-up and "
-                        "10-40 s more the first time each other k is used (sr_blockwise.decoding."
-                        "compile_for_decoding)")
+                   help="the weights' dtype: the native engine computes in float32 with them, sampling "
+                        "runs in PyTorch in this dtype")
     d.set_defaults(func=cmd_demo)

@@ -14,40 +14,104 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .decoding import DecodeOptions, decode
-from .model import ImageTransformerSR, preset
+from . import engine as native
+from .decoding import DecodeOptions, decode, native_weights
+from .engine import MAX_TOKENS
+from .model import SEQ_LEN, ImageTransformerSR, preset
 
 
-def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: int = 50, pos: int = 1500) -> float:
-    """Median seconds of one decoding call as `decode` makes it with k = n_tokens: feed n tokens
-    per image at a mid-image position, p1's logits at all of them, and the next block's k
-    proposals at one of them (heads capped at the model's K)."""
+def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: int = 50, pos: int = 1500,
+              engine: str = "native", propose: bool = True) -> float:
+    """Median seconds of one blockwise call with k = n_tokens as `decode` makes it, for `batch`
+    images at a mid-image position: feed n tokens per image, p1's logits at all of them, accept
+    (the oracle rule: all of them), commit, and (propose) draft the next block's k proposals."""
+    torch.manual_seed(0)
     src = torch.randint(0, 256, (batch, 192))
-    toks = torch.randint(0, 256, (batch, n_tokens))
-    prefix = torch.randint(0, 256, (batch, pos))  # the tokens decoded before, for nbr_prior
-    p = torch.full((batch,), pos)
+    k = min(n_tokens, MAX_TOKENS)
     times = []
     with torch.no_grad():
-        cache = model.new_cache(src, max_extra=16)
-        for i in range(reps + 5):
-            t0 = time.perf_counter()
-            h = model.step(cache, toks, p)
-            model.logits(h, src, p[:, None] + torch.arange(n_tokens)).argmax(-1)
-            model.draft_heads(h[:, 0], min(n_tokens, model.cfg.n_blockwise), src, p, prefix)  # next block's proposals
-            if i >= 5:
-                times.append(time.perf_counter() - t0)
+        if engine == "native":
+            b = native.Batch(native_weights(model), src, k)
+            opts = b.options("oracle")
+            b.tokens[:, :pos] = torch.randint(0, 256, (batch, pos))
+            b.props[:] = torch.randint(0, 256, (batch, k))
+            rows = torch.arange(batch, dtype=torch.int64)
+            for i in range(reps + 5):
+                b.t[:] = pos
+                rows[:] = torch.arange(batch)
+                t0 = time.perf_counter()
+                b.iterate(opts, rows, batch, propose=propose)
+                if i >= 5:
+                    times.append(time.perf_counter() - t0)
+        else:  # the torch engine's call: model.step, p1's logits, the heads
+            toks = torch.randint(0, 256, (batch, n_tokens))
+            prefix = torch.randint(0, 256, (batch, pos))
+            p = torch.full((batch,), pos)
+            cache = model.new_cache(src, max_extra=16)
+            for i in range(reps + 5):
+                t0 = time.perf_counter()
+                h = model.step(cache, toks, p)
+                model.logits(h, src, p[:, None] + torch.arange(n_tokens)).argmax(-1)
+                if propose:
+                    model.draft_heads(h[:, 0], min(n_tokens, model.cfg.n_blockwise), src, p, prefix)
+                if i >= 5:
+                    times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def call_cost_table(model_fp32: ImageTransformerSR, max_k: int = 10, reps: int = 50) -> list[dict]:
+def call_cost_table(model: ImageTransformerSR, tokens=(1, 2, 4, 7, 11), batches=(1, 16, 64),
+                    reps: int = 50, torch_model: ImageTransformerSR | None = None) -> list[dict]:
+    """Cost of one call against the tokens it verifies per image, per batch size, on the native
+    engine (and, with torch_model, the torch engine at batch 1 and 16: the comparison)."""
     rows = []
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        m = _copy_for(model_fp32, dtype)
-        base = time_call(m, 1, reps=reps)
-        for n in range(1, max_k + 2):
-            s = base if n == 1 else time_call(m, n, reps=reps)
-            rows.append({"dtype": name, "tokens": n, "ms": s * 1e3, "vs_1_token": s / base})
+    engines = [("native", model)] + ([("torch", torch_model)] if torch_model is not None else [])
+    for engine, m in engines:
+        for B in batches:
+            if engine == "torch" and B > 16:
+                continue
+            r = max(3, reps // B) if engine == "native" else max(3, reps // (4 * B))
+            base = time_call(m, 1, B, r, engine=engine)
+            for n in tokens:
+                sec = base if n == 1 else time_call(m, n, B, r, engine=engine)
+                rows.append({"engine": engine, "dtype": _dtype_name(m, engine), "batch": B, "tokens": n,
+                             "ms": sec * 1e3, "vs_1_token": sec / base})
     return rows
+
+
+def call_breakdown(model: ImageTransformerSR, k: int = 6, batches=(1, 16), reps: int = 30) -> list[dict]:
+    """Where a k-token blockwise call's time goes on the native engine, in ms per call: the
+    verify call (decoder step for the block's tokens, KV-cache writes, p1's logits, acceptance
+    rule, commit), the heads' drafting of the next block (the rest of the call), and the call
+    through ctypes from Python (an empty call's cost)."""
+    out = []
+    for B in batches:
+        r = max(3, reps // B)
+        whole = time_call(model, k, B, r)
+        verify = time_call(model, k, B, r, propose=False)
+        b = native.Batch(native_weights(model), torch.zeros(B, 192, dtype=torch.int64), k)
+        rows = torch.arange(B, dtype=torch.int64)
+        opts = b.options()
+        b.t[:] = SEQ_LEN  # every image done: the call does nothing but cross into C and back
+        empty = statistics.median(_timed(lambda: b.iterate(opts, rows, B), 200))
+        out.append({"batch": B, "k": k, "call_ms": whole * 1e3, "verify_ms": (verify - empty) * 1e3,
+                    "drafting_ms": (whole - verify) * 1e3, "host_ms": empty * 1e3})
+    return out
+
+
+def _timed(fn, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _dtype_name(m, engine):
+    if engine == "native":
+        w = str(next(m.parameters()).dtype)[6:]
+        return "float32" if w == "float32" else f"float32 ({w} weights)"
+    return str(next(m.parameters()).dtype)[6:]
 
 
 def _copy_for(model_fp32: ImageTransformerSR, dtype) -> ImageTransformerSR:
@@ -56,34 +120,50 @@ def _copy_for(model_fp32: ImageTransformerSR, dtype) -> ImageTransformerSR:
     return m.for_inference(dtype)
 
 
-def decode_table(model: ImageTransformerSR, lr: np.ndarray, ks=(2, 4, 6, 8, 10),
-                 modes=("exact", "eps=2", "oracle"), prior_weight: float = 1.0) -> list[dict]:
-    """Seconds per image for greedy and each (k, mode), batch as given; speedup vs greedy.
-    prior_weight: input guidance (DecodeOptions.prior_weight), the same for every row."""
+def decode_table(model: ImageTransformerSR, lr: np.ndarray, ks=(2, 6, 10),
+                 modes=("exact", "eps=2", "oracle"), prior_weight: float = 1.0, engine: str = "auto") -> list[dict]:
+    """Seconds per image for greedy and each (k, mode), batch as given; speedup vs greedy, and its
+    share of the ideal (the call reduction, mean block). prior_weight: input guidance
+    (DecodeOptions.prior_weight), the same for every row."""
     w = prior_weight
     # warm-up at the batch's own shape, untimed: otherwise greedy, timed first, pays the first calls
-    decode(model, lr, DecodeOptions(k=2, rule="oracle", prior_weight=w))
-    g = decode(model, lr, DecodeOptions(k=1, prior_weight=w))
+    decode(model, lr[:, :], DecodeOptions(k=2, rule="oracle", prior_weight=w), engine=engine)
+    g = decode(model, lr, DecodeOptions(k=1, prior_weight=w), engine=engine)
     g_s = g.seconds / len(lr)
-    rows = [{"mode": "greedy", "k": 1, "s_per_image": g_s, "calls": g.stats[0].calls,
-             "mean_block": 1.0, "speedup": 1.0, "ideal": 1.0}]
+    rows = [{"engine": g.extra["engine"], "mode": "greedy", "k": 1, "s_per_image": g_s,
+             "images_per_s": 1 / g_s, "calls": g.stats[0].calls, "mean_block": 1.0, "speedup": 1.0,
+             "of_ideal": 1.0}]
     for k in ks:
         if k > model.cfg.n_blockwise:
             continue
         for mode in modes:
-            if mode == "exact":
-                opts = DecodeOptions(k=k)
-            elif mode == "oracle":
-                opts = DecodeOptions(k=k, rule="oracle")
-            else:
-                opts = DecodeOptions(k=k, rule="eps", eps=int(mode.split("=")[1]))
-            r = decode(model, lr, replace(opts, prior_weight=w))
+            opts = parse_mode(mode, k, w)
+            r = decode(model, lr, opts, engine=engine)
             mb = float(np.mean([s.mean_block for s in r.stats]))
-            s = r.seconds / len(lr)
-            rows.append({"mode": mode, "k": k, "s_per_image": s,
-                         "calls": float(np.mean([st.calls for st in r.stats])), "mean_block": mb,
-                         "speedup": g_s / s, "ideal": mb, "of_ideal": (g_s / s) / mb})
+            sec = r.seconds / len(lr)
+            rows.append({"engine": r.extra["engine"], "mode": mode, "k": k, "s_per_image": sec,
+                         "images_per_s": 1 / sec, "calls": float(np.mean([st.calls for st in r.stats])),
+                         "mean_block": mb, "speedup": g_s / sec, "of_ideal": (g_s / sec) / mb,
+                         "same_as_greedy": bool(np.array_equal(r.images, g.images)) if mode == "exact" else None})
     return rows
+
+
+def parse_mode(mode: str, k: int, prior_weight: float) -> DecodeOptions:
+    if mode == "exact":
+        return DecodeOptions(k=k, prior_weight=prior_weight)
+    if mode == "oracle":
+        return DecodeOptions(k=k, rule="oracle", prior_weight=prior_weight)
+    if mode.startswith("eps="):
+        return DecodeOptions(k=k, rule="eps", eps=int(mode.split("=")[1]), prior_weight=prior_weight)
+    raise ValueError(f"unknown bench mode {mode!r}: exact, oracle or eps=N")
+
+
+def decoder_flops_per_token(cfg) -> float:
+    """Multiply-adds x 2 of the decoder for one token at a mid-image position (attention over
+    ~1.5 blocks of keys and the 192 input tokens) plus p1's output layer."""
+    d, ff = cfg.d_model, cfg.d_ff
+    per_layer = d * 3 * d + 3 * d * d + 2 * d * ff + 2 * d * (1.5 * cfg.block_len) + 2 * d * 192
+    return 2 * (cfg.n_dec_layers * per_layer + d * 256)
 
 
 def machine() -> str:
@@ -101,9 +181,14 @@ def print_table(rows: list[dict], cols: list[str]) -> str:
 
 
 def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | None, ks, data=None,
-        prior_weight: float | None = None, dtype: str = "bfloat16") -> dict:
-    """prior_weight None: the apps' default (decoding.DEFAULT_PRIOR_WEIGHT) where the model has the
-    input prior, else 1. dtype: of the decoding table (the call-cost table times both)."""
+        prior_weight: float | None = None, dtype: str = "float32", batches=(1, 16, 64),
+        torch_images: int = 1) -> dict:
+    """The whole benchmark: call cost (native engine at batch 1/16/64, torch at 1/16), the
+    breakdown of a k=6 call, seconds per face at each batch size in `batches` (n_images faces,
+    at least one batch each), the torch engine's seconds per face on torch_images faces at batch
+    1 (0: skip), images/s at the largest batch and its share of the fp32 matrix-product rate.
+    prior_weight None: the apps' default (decoding.DEFAULT_PRIOR_WEIGHT) where the model has the
+    input prior, else 1. dtype: of the weights (the native engine computes in float32)."""
     from .checkpoints import load_model
     from .data import downsample_8, load_faces
     from .decoding import default_prior_weight
@@ -117,36 +202,71 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         label = "cpu preset, random weights"
     if prior_weight is None:
         prior_weight = default_prior_weight(fp32)
+    model = _copy_for(fp32, getattr(torch, dtype))
     print(f"# bench-decode: {label}; {machine()}; input guidance (prior weight) {prior_weight:g}")
-    print("\n## Cost of one model call vs tokens verified (batch 1, median of", reps, "calls)")
-    calls = call_cost_table(fp32, max_k=max(ks), reps=reps)
-    calls_md = print_table(calls, ["dtype", "tokens", "ms", "vs_1_token"])
+    print(f"\n## Cost of one call vs tokens verified per image (median of ~{reps} calls)")
+    calls = call_cost_table(model, batches=batches, reps=reps, torch_model=model if torch_images else None)
+    calls_md = print_table(calls, ["engine", "dtype", "batch", "tokens", "ms", "vs_1_token"])
+    print("\n## Where a k=6 call's time goes (native engine, ms per call)")
+    parts = call_breakdown(model, 6, batches=[b for b in batches if b <= 16])
+    parts_md = print_table(parts, ["batch", "k", "call_ms", "verify_ms", "drafting_ms", "host_ms"])
     try:
         faces = load_faces(data).part("test")
-        lr = downsample_8(faces.images[:n_images])
+        lr = downsample_8(faces.images[:max(n_images, max(batches))])
+        src_note = "held-out faces"
     except (FileNotFoundError, ValueError):
-        lr = np.random.default_rng(0).integers(0, 256, (n_images, 8, 8, 3), dtype=np.uint8)
-    model = _copy_for(fp32, getattr(torch, dtype))
-    print(f"\n## Seconds per image, {dtype}, {len(lr)} held-out faces, batch {batch}")
-    rows = []
-    for i in range(0, len(lr), batch):
-        rows.append(decode_table(model, lr[i : i + batch], ks, prior_weight=prior_weight))
-    merged = []  # average over the batches
-    for j, r in enumerate(rows[0]):
-        m = dict(r)
-        for key in ("s_per_image", "calls", "mean_block", "speedup", "ideal", "of_ideal"):
-            if key in r:
-                m[key] = float(np.mean([rr[j][key] for rr in rows]))
-        merged.append(m)
-    dec_md = print_table(merged, ["mode", "k", "s_per_image", "calls", "mean_block", "speedup", "of_ideal"])
-    result = {"weights": label, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
-              "call_cost": calls, "decode": merged, "batch": batch, "images": int(len(lr)),
+        lr = np.random.default_rng(0).integers(0, 256, (max(n_images, max(batches)), 8, 8, 3), dtype=np.uint8)
+        src_note = "random inputs (no CelebA data found)"
+    decode_rows, md = [], []
+    for B in batches:
+        n = max(n_images, B)
+        print(f"\n## Seconds per face, native engine, batch {B}, {n} {src_note}")
+        per = [decode_table(model, lr[i:i + B], ks, prior_weight=prior_weight) for i in range(0, n, B)]
+        merged = _average(per)
+        for r in merged:
+            r["batch"] = B
+        md.append(print_table(merged, ["mode", "k", "s_per_image", "images_per_s", "calls", "mean_block",
+                                       "speedup", "of_ideal", "same_as_greedy"]))
+        decode_rows += merged
+    if torch_images:
+        print(f"\n## Seconds per face, torch engine (before the native engine), batch 1, {torch_images} face(s)")
+        per = [decode_table(model, lr[i:i + 1], (6,), prior_weight=prior_weight, engine="torch")
+               for i in range(torch_images)]
+        merged = _average(per)
+        for r in merged:
+            r["batch"] = 1
+        md.append(print_table(merged, ["engine", "mode", "k", "s_per_image", "calls", "mean_block", "speedup",
+                                       "of_ideal"]))
+        decode_rows += merged
+    big = [r for r in decode_rows if r["batch"] == max(batches) and r["mode"] == "greedy" and r["engine"] == "native"][0]
+    rate = matmul_rate(torch.float32)
+    flops = decoder_flops_per_token(model.cfg) * SEQ_LEN * big["images_per_s"]
+    machine_use = {"batch": max(batches), "greedy_images_per_s": big["images_per_s"],
+                   "decoder_gflops": flops / 1e9, "fp32_matmul_gflops": rate / 1e9, "share": flops / rate}
+    print(f"\ngreedy at batch {max(batches)}: {big['images_per_s']:.2f} images/s, {flops / 1e9:.1f} GFLOP/s "
+          f"of decoder arithmetic = {flops / rate:.1%} of this machine's fp32 matrix-product rate "
+          f"({rate / 1e9:.0f} GFLOP/s)")
+    result = {"weights": label, "machine": machine(), "call_cost": calls, "breakdown": parts,
+              "decode": decode_rows, "machine_use": machine_use, "images": int(n_images),
               "prior_weight": prior_weight, "dtype": dtype}
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=1))
-        Path(out).with_suffix(".md").write_text(f"{calls_md}\n\n{dec_md}\n")
+        Path(out).with_suffix(".md").write_text("\n\n".join([calls_md, parts_md, *md]) + "\n")
     return result
+
+
+def _average(tables: list[list[dict]]) -> list[dict]:
+    merged = []
+    for j, r in enumerate(tables[0]):
+        m = dict(r)
+        for key in ("s_per_image", "images_per_s", "calls", "mean_block", "speedup", "of_ideal"):
+            if key in r:
+                m[key] = float(np.mean([t[j][key] for t in tables]))
+        if r.get("same_as_greedy") is not None:
+            m["same_as_greedy"] = all(t[j]["same_as_greedy"] for t in tables)
+        merged.append(m)
+    return merged
 
 
 # ---------------------------------------------------------------- training throughput

@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 from conftest import make_tiny
-from sr_blockwise.bench import call_cost_table, decode_table, train_throughput
+from sr_blockwise.bench import call_breakdown, call_cost_table, decode_table, train_throughput
 
 
 def test_oracle_accepts_k_per_call_and_tables_are_complete():
@@ -11,11 +11,15 @@ def test_oracle_accepts_k_per_call_and_tables_are_complete():
     lr = np.random.default_rng(0).integers(0, 256, (1, 8, 8, 3), dtype=np.uint8)
     rows = decode_table(m, lr, ks=(4,), modes=("exact", "oracle"))
     assert [r["mode"] for r in rows] == ["greedy", "exact", "oracle"]
+    assert rows[1]["same_as_greedy"] is True
     oracle = rows[-1]
     assert oracle["mean_block"] == 4.0 and oracle["calls"] == 3072 / 4 + 1  # ~m/k + 1 calls
-    cost = call_cost_table(make_tiny(0), max_k=3, reps=2)
-    assert [(r["dtype"], r["tokens"]) for r in cost] == [(d, n) for d in ("fp32", "bf16") for n in (1, 2, 3, 4)]
+    cost = call_cost_table(m, tokens=(1, 3), batches=(1, 2), reps=2, torch_model=m)
+    assert [(r["engine"], r["batch"], r["tokens"]) for r in cost] == [
+        (e, b, n) for e in ("native", "torch") for b in (1, 2) for n in (1, 3)]
     assert all(r["ms"] > 0 for r in cost)
+    parts = call_breakdown(m, 4, batches=(1,), reps=2)[0]
+    assert parts["call_ms"] > parts["drafting_ms"] > 0 and parts["verify_ms"] > 0
 
 
 def test_train_throughput_counts_flops():

@@ -1,0 +1,100 @@
+"""The native engine: it computes the model's function, and a query's state does not depend on the
+call or the batch it comes in (what makes exact mode equal greedy decoding by construction)."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_tiny
+from sr_blockwise import engine
+from sr_blockwise.decoding import DecodeOptions, decode, native_weights
+from sr_blockwise.model import SEQ_LEN, ImageTransformerSR, preset
+
+pytestmark = pytest.mark.skipif(not engine.available(), reason="no C++ compiler: the native engine cannot be built")
+
+
+def _image(seed, B=2):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, 256, (B, 192), generator=g)
+    tgt = torch.randint(0, 256, (B, SEQ_LEN), generator=g)
+    return src, tgt, torch.cat([torch.full((B, 1), -1), tgt[:, :-1]], 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_engine_states_and_logits_match_the_torch_model(seed):
+    m = make_tiny(seed).double()
+    src, tgt, prev = _image(seed)
+    with torch.no_grad():
+        full = m(src, tgt)
+        logits = m.logits(full, src)
+    batch = engine.Batch(native_weights(m), src, k=4)
+    g = torch.Generator().manual_seed(seed)
+    for b in range(2):
+        states, zs, t = [], [], 0
+        while t < SEQ_LEN:  # uneven calls, straddling attention blocks
+            n = min(int(torch.randint(1, 12, (1,), generator=g)), SEQ_LEN - t)
+            h, z = batch.step(b, prev[b, t:t + n], t)
+            states.append(h)
+            zs.append(z)
+            t += n
+        torch.testing.assert_close(torch.cat(states).double(), full[b], rtol=0, atol=2e-4)
+        torch.testing.assert_close(torch.cat(zs).double(), logits[b], rtol=0, atol=2e-3)
+
+
+def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_tokens():
+    """Greedy feeds one token per call; a verify call feeds k, some of them later rejected (their
+    K/V is overwritten when the position comes again). On a random model of the shipped preset."""
+    torch.manual_seed(0)
+    m = ImageTransformerSR(preset("cpu")).eval()
+    torch.nn.init.normal_(m.lr_emb.weight, std=0.1)
+    src, tgt, prev = _image(3)
+    T = 400
+    alone_batch = engine.Batch(native_weights(m), src, k=1)
+    alone = torch.cat([alone_batch.step(1, prev[1, t:t + 1], t)[0] for t in range(T)])
+    batch = engine.Batch(native_weights(m), src, k=12)
+    g = torch.Generator().manual_seed(1)
+    t, states = 0, []
+    while t < T:
+        n = int(torch.randint(2, 12, (1,), generator=g))
+        accepted = int(torch.randint(1, n + 1, (1,), generator=g))
+        toks = prev[1, t:t + n].clone()
+        toks[accepted:] = torch.randint(0, 256, (n - accepted,), generator=g)
+        states.append(batch.step(1, toks, t)[0][:accepted])
+        t += accepted
+    assert torch.equal(torch.cat(states)[:T], alone)
+
+
+def test_an_images_output_does_not_depend_on_its_batch():
+    m = make_tiny(5).for_inference(torch.float32)
+    lr = np.random.default_rng(5).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8)
+    for opts in (DecodeOptions(k=1), DecodeOptions(k=6), DecodeOptions(k=6, rule="eps", eps=2)):
+        together = decode(m, lr, opts)
+        assert together.extra["engine"] == "native"
+        for i in (0, 3):
+            alone = decode(m, lr[i:i + 1], opts)
+            assert np.array_equal(alone.images[0], together.images[i])
+            assert alone.stats[0].block_hist == together.stats[i].block_hist
+
+
+def test_drafted_blocks_are_the_torch_heads_proposals():
+    m = make_tiny(6).double()
+    src, tgt, prev = _image(6, B=1)
+    k = m.cfg.n_blockwise
+    batch = engine.Batch(native_weights(m), src, k=k)
+    pos = torch.tensor([0, 5, 97, 700, 3065])
+    with torch.no_grad():
+        full = m(src, tgt)
+        first = m.logits(full[:, pos], src, pos[None]).argmax(-1)[0]
+        want = torch.stack([m.draft_heads(full[:, p], k, src, pos[i:i + 1], tgt, first=first[i:i + 1])[0]
+                            for i, p in enumerate(pos.tolist())])
+    got = torch.cat([batch.draft(batch.options(), 0, full[0, p][None], pos[i:i + 1], first[i:i + 1], tgt[0])
+                     for i, p in enumerate(pos.tolist())])
+    assert torch.equal(got, want)
+
+
+def test_the_engine_refuses_models_it_does_not_run():
+    m = ImageTransformerSR(preset("tiny", head1="layer"))
+    assert "head1" in engine.supports(m)
+    with pytest.raises(ValueError, match="head1"):
+        decode(m, np.zeros((1, 8, 8, 3), np.uint8), DecodeOptions(k=2), engine="native")
+    r = decode(make_tiny(0), np.zeros((1, 8, 8, 3), np.uint8), DecodeOptions(k=1, temperature=1.0))
+    assert r.extra["engine"] == "torch"  # sampling runs on the torch engine
