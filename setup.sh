@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One-time set-up on a fresh machine: a venv with the pinned packages, and Debian's Chromium for
-# the browser tests. Safe to run again: it skips what is already there.
+# One-time set-up on a fresh machine: a venv with the pinned packages, g++ for the native decoding
+# engine, and Debian's Chromium for the browser tests. Safe to run again: it skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ ! -x .venv/bin/python ]; then
@@ -8,6 +8,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python -c "import sr_blockwise, torch, gradio, playwright, xdist" 2>/dev/null; then
     .venv/bin/pip install --quiet -e ".[dev]"
+fi
+if ! command -v g++ >/dev/null 2>&1; then  # builds the native decoding engine on first use
+    if [ "$(id -u)" = 0 ]; then
+        (apt-get update -qq && apt-get install -y -qq g++) >/dev/null
+    else
+        echo "setup: g++ is missing; decoding falls back to the slower PyTorch engine" >&2
+    fi
 fi
 if ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ]; then

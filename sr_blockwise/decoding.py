@@ -540,7 +540,7 @@ def default_prior_weight(model: ImageTransformerSR) -> float:
 
 MODES = ("greedy", "exact", "approx", "sample")
 # the prior weight the apps (upscale, demo) decode with unless told otherwise: measured on 96
-# held-out faces in results/s23-guidance (README, "Session 23")
+# held-out faces (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
 
 

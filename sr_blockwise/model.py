@@ -32,25 +32,25 @@ Deviations from the paper, each for a reason written next to it:
   pixel to the left (51%): the decoder state does not carry recent intensities in a form the
   one-layer heads can read. Fitting just these tables to 48 training faces, the rest frozen,
   raised heads 2..6 from 37-50% to 54-58% within 2 levels (greedy outputs of 8 validation faces,
-  a one-off measurement in session 14). p1 never gets it, so a frozen base still decodes exactly
+  a one-off measurement, experiments/heads/). p1 never gets it, so a frozen base still decodes exactly
   like the base. Zero in a fresh model: old weights load and compute unchanged;
-- nbr_draft=True (the cpu preset since session 16) lets those priors read the block's own
+- nbr_draft=True (the cpu preset) lets those priors read the block's own
   earlier proposals ("drafts"), so decoding makes a block's proposals one head at a time
   (`draft_heads`): the left reference is always the pixel just left, decoded or proposed, and
   G and B get a third, the pixel's previous channel plus the left pixel's difference of those two
   channels. Why: the head that most often ends a block is head 2 (accepted on 36% of eps=2 steps
-  with session 15's weights), which had to guess the G after an R it could not see, though
-  that R is p1's own sure proposal. On session 15's greedy outputs (32 test faces) the G/B
+  with the weights before nbr_draft), which had to guess the G after an R it could not see, though
+  that R is p1's own sure proposal. On those weights' greedy outputs (32 test faces) the G/B
   reference lands within 2 levels of the token 52% of the time against 36% for the pixel to
   the left. In training and in the exact-mode replay the drafts are the targets themselves:
   a head's proposal only counts when every proposal before it was accepted;
-- draft_emb=True (an option in no preset, measured in session 17: see below) lets the heads'
+- draft_emb=True (an option in no preset, measured and not shipped: see below) lets the heads'
   hidden layer, not only their additive priors, read the block: each group's pre-activation gets a learned projection of two
   embedded intensities, the one just before its target and the same channel one pixel left,
   decoded or proposed (sequentially dependent draft heads, as in Hydra, Ankner et al. 2024). Why:
   the priors add a fixed log-prior per offset from a reference, whatever the decoder state; the
   hidden layer can weigh a reference by context (an edge, hair, a flat cheek). Zero-projected at
-  first, so older weights warm-start unchanged. Measured (weights/README.md, session 17): blocks
+  first, so older weights warm-start unchanged. Measured (experiments/heads/draft-emb-32/): blocks
   grew about 1-6% over the same heads without it; drafting one head at a time through the hidden
   layer adds ~2% to a call at batch 32 but about half a model call at batch 1 (the demo's), and
   its approximate output was a little worse perceptually, so the shipped weights do not use it.

@@ -291,6 +291,3 @@ def test_prior_weight_is_refused_where_it_means_nothing():
         decode(make_tiny(0, lr_prior=False).for_inference(torch.float32), lr, DecodeOptions(prior_weight=2.0))
     with pytest.raises(ValueError, match="prior_weight"):
         decode(make_tiny(0).for_inference(torch.float32), lr, DecodeOptions(prior_weight=-1.0))
-
-
-@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="torch.compile's CPU backend needs a C++ compiler")
