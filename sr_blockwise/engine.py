@@ -91,10 +91,6 @@ def library():
                 _build_error = f"building the native engine failed:\n{r.stderr[-2000:]}"
                 raise RuntimeError(_build_error)
             os.replace(out, so)  # atomic: a concurrent build leaves one whole file
-    # OpenMP threads wait for the next parallel region by spinning, for libgomp's default 300k
-    # spins; where the cores are shared (two test workers, a busy server) that spinning starves
-    # the thread being waited for. A short spin keeps a call's barriers fast and yields soon.
-    os.environ.setdefault("GOMP_SPINCOUNT", "20000")
     lib = ctypes.CDLL(str(so))
     for name in ("engine_start", "engine_step", "engine_draft"):
         getattr(lib, name).restype = None
