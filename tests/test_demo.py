@@ -288,8 +288,23 @@ def test_client_sample_is_the_librarys_speculative_sample(server, files, model):
 
 @pytest.mark.skipif(shutil.which("chromium") is None and not os.environ.get("CI"),
                     reason="Debian's chromium is not installed (in CI this fails instead)")
-def test_browser(server, files, tmp_path):
+def test_browser(server, files, tmp_path, monkeypatch):
+    import time
+
     from playwright.sync_api import expect, sync_playwright
+
+    import sr_blockwise.decoding as decoding
+    decode = decoding.decode
+
+    def slowed(*args, progress=None, **kw):  # the page's decode_live looks decode up per call
+        def late(*a):
+            time.sleep(0.03)
+            progress(*a)
+        return decode(*args, progress=late if progress else None, **kw)
+
+    # the native engine decodes the tiny model in well under a second: slowed, so that the page's
+    # live state can be seen before the result replaces it
+    monkeypatch.setattr(decoding, "decode", slowed)
     shot = os.environ.get("SR_BLOCKWISE_DEMO_SCREENSHOT", str(tmp_path / "demo.png"))
     outside = []  # requests leaving this machine: the page must make none
     with sync_playwright() as p:
