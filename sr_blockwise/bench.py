@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from . import engine as native
-from .decoding import DecodeOptions, decode, native_weights
+from .decoding import DecodeOptions, decode
 from .engine import MAX_TOKENS
 from .model import SEQ_LEN, ImageTransformerSR, preset
 
@@ -31,7 +31,7 @@ def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: in
     times = []
     with torch.no_grad():
         if engine == "native":
-            b = native.Batch(native_weights(model), src, k)
+            b = native.Batch(model, src, k)
             opts = b.options("oracle")
             b.tokens[:, :pos] = torch.randint(0, 256, (batch, pos))
             b.props[:] = torch.randint(0, 256, (batch, k))
@@ -88,7 +88,7 @@ def call_breakdown(model: ImageTransformerSR, k: int = 6, batches=(1, 16), reps:
         r = max(3, reps // B)
         whole = time_call(model, k, B, r)
         verify = time_call(model, k, B, r, propose=False)
-        b = native.Batch(native_weights(model), torch.zeros(B, 192, dtype=torch.int64), k)
+        b = native.Batch(model, torch.zeros(B, 192, dtype=torch.int64), k)
         rows = torch.arange(B, dtype=torch.int64)
         opts = b.options()
         b.t[:] = SEQ_LEN  # every image done: the call does nothing but cross into C and back
@@ -127,7 +127,7 @@ def decode_table(model: ImageTransformerSR, lr: np.ndarray, ks=(2, 6, 10),
     (DecodeOptions.prior_weight), the same for every row."""
     w = prior_weight
     # warm-up at the batch's own shape, untimed: otherwise greedy, timed first, pays the first calls
-    decode(model, lr[:, :], DecodeOptions(k=2, rule="oracle", prior_weight=w), engine=engine)
+    decode(model, lr, DecodeOptions(k=2, rule="oracle", prior_weight=w), engine=engine)
     g = decode(model, lr, DecodeOptions(k=1, prior_weight=w), engine=engine)
     g_s = g.seconds / len(lr)
     rows = [{"engine": g.extra["engine"], "mode": "greedy", "k": 1, "s_per_image": g_s,

@@ -173,15 +173,6 @@ def engine_for(model: ImageTransformerSR, opts: DecodeOptions, engine: str = "au
     return "torch" if (engine == "torch" or why) else "native"
 
 
-def native_weights(model: ImageTransformerSR) -> native.Weights:
-    """The model's weights packed for the native engine, once per model (kept on it)."""
-    packed = getattr(model, "_native_weights", None)
-    if packed is None:
-        packed = native.Weights(model)
-        model._native_weights = packed
-    return packed
-
-
 @torch.no_grad()
 def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, progress=None,
            progress_every: int = 64, proposer=None, seeds=None, engine: str = "auto") -> DecodeResult:
@@ -202,9 +193,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     dev = next(model.parameters()).device
     src = torch.from_numpy(to_tokens(lr)).to(dev)
     B, k = src.shape[0], opts.k
-    # a guidance weight other than 1 goes to the model as a tensor, made once: compiled decoding
-    # reads it as an input
-    w = opts.prior_weight if opts.prior_weight == 1 else torch.tensor(opts.prior_weight, dtype=torch.float64, device=dev)
+    w = opts.prior_weight
     t0 = time.perf_counter()
 
     cache = model.new_cache(src, max_extra=max(16, k))
@@ -292,7 +281,7 @@ def _decode_native(model, lr, opts, progress, progress_every, proposer) -> Decod
     t0 = time.perf_counter()
     src = torch.from_numpy(to_tokens(lr)).cpu()
     B, k = len(lr), opts.k
-    batch = native.Batch(native_weights(model), src, k, opts.prior_weight)
+    batch = native.Batch(model, src, k, opts.prior_weight)
     window = opts.eps if opts.propose == "window" and opts.eps > 0 else 0
     copts = batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window)
     rows = torch.arange(B, dtype=torch.int64)
@@ -301,13 +290,13 @@ def _decode_native(model, lr, opts, progress, progress_every, proposer) -> Decod
         batch.props[:, 1:] = proposer(batch.t.clone(), rows.clone(), k)
     finish = np.zeros(B)
     live, n_calls = B, 1
+    t = batch.t.numpy()  # a view: the engine updates it in place
     while live:
-        before = rows[:live].clone()
+        was = live
         live = batch.iterate(copts, rows, live, propose=proposer is None)
         n_calls += 1
-        if live < len(before):
-            now = time.perf_counter() - t0
-            finish[np.setdiff1d(before.numpy(), rows[:live].numpy())] = now
+        if live < was:  # the images that finished in this call
+            finish[(t >= SEQ_LEN) & (finish == 0)] = time.perf_counter() - t0
         if proposer is not None and k > 1 and live:
             r = rows[:live].clone()
             batch.props[r, 1:] = proposer(batch.t[r], r, k).to(torch.int64)
@@ -396,7 +385,7 @@ def _agreement_native(model, lr, greedy_images, ks, prior_weight):
     src = torch.from_numpy(to_tokens(lr))
     y = torch.from_numpy(to_tokens(greedy_images))
     B, K = len(lr), max(ks)
-    batch = native.Batch(native_weights(model), src, K, prior_weight)
+    batch = native.Batch(model, src, K, prior_weight)
     copts = batch.options()
     later = torch.cat([y, y[:, -1:].expand(B, K)], 1)  # past the end: padding, never read
     agree = {k: torch.zeros(B, SEQ_LEN, max(k - 1, 0), dtype=torch.bool) for k in ks}

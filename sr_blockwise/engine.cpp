@@ -31,7 +31,7 @@ static inline v16 vexp(v16 x) {
     v16 t = x * 1.44269504088896341f;
     v16 n = (t + 12582912.f) - 12582912.f;  // round to nearest
     v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    v16 p = splat(1.f / 720) ;
+    v16 p = splat(1.f / 720);
     p = p * r + 1.f / 120; p = p * r + 1.f / 24; p = p * r + 1.f / 6; p = p * r + 0.5f; p = p * r + 1.f; p = p * r + 1.f;
     vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
     v16 scale; std::memcpy(&scale, &bits, 64);
@@ -58,7 +58,6 @@ struct Engine {
     const float *heads_ln_w, *heads_ln_b;      // (G, d)
     const float *lr_prior;   // (3, 511) log-prior over intensity - the input cell's intensity
     const float *nbr_prior;  // (K-1, refs, 3, 511)
-    int n_refs;
     // per image
     int B, cache_len;
     float **k_cache, **v_cache;  // per layer: keys (B, d, cache_len), transposed; values (B, cache_len, d)
@@ -145,14 +144,6 @@ static void gelu(float* x, int n) {
         e = z < 0.f ? -e : e;
         st(x + i, 0.5f * v * (1.f + e));
     }
-}
-
-static inline float dot(const float* a, const float* b, int n) {  // n a multiple of 16
-    v16 acc = splat(0.f);
-    for (int i = 0; i < n; i += 16) acc += ld(a + i) * ld(b + i);
-    float s = 0.f;
-    for (int i = 0; i < 16; i++) s += acc[i];
-    return s;
 }
 
 // Softmax attention of nq <= 4 queries (rows of q, stride ldq) whose windows start at the same
@@ -254,12 +245,42 @@ static float* scores_buffer(const Engine* E) {  // one per thread: 4 queries' sc
     return (float*)std::malloc(4 * (2 * E->L + E->n_src + 64) * sizeof(float));
 }
 
+// Attention of the n queries (rows of q, stride ldq) of each of m images over that image's keys
+// KT (d, keys) and values V (keys, d), one image and head per work item of the team. local: the
+// decoder's self-attention, where query p reads keys from the start of the previous attention
+// block to p; otherwise every key (cross-attention to the encoder).
+static void attention(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* q, int ldq,
+                      const float* KT, const float* Vv, int n_keys, bool local, float* out, float* scores) {
+    const int d = E->d, H = E->H, L = E->L;
+    #pragma omp for schedule(static)
+    for (int ih = 0; ih < m * H; ih++) {
+        int i = ih / H, h = ih % H, b = imgs[i], lo[MAXK], hi[MAXK];
+        for (int j = 0; j < n; j++) {
+            int p = pos0[i] + j, l = (p / L - 1) * L;
+            lo[j] = local ? (l < 0 ? 0 : l) : 0;
+            hi[j] = local ? p : n_keys - 1;
+        }
+        attend(q + (size_t)i * n * ldq, ldq, n, lo, hi, KT + (size_t)b * n_keys * d, n_keys,
+               Vv + (size_t)b * n_keys * d, H, d / H, out + (size_t)i * n * d, d, scores, h, h + 1);
+    }
+}
+
+// x += delta, then out = LayerNorm(x), for R rows of d (delta and out may be the same buffer).
+// Team call.
+static void residual_norm(int R, int d, float* x, const float* delta, const float* ln_w, const float* ln_b, float* out) {
+    #pragma omp for schedule(static)
+    for (int r = 0; r < R; r++) {
+        for (int c = 0; c < d; c++) x[(size_t)r * d + c] += delta[(size_t)r * d + c];
+        layer_norm(x + (size_t)r * d, ln_w, ln_b, out + (size_t)r * d, d);
+    }
+}
+
 // n tokens of each of m images imgs[i]: prev[i * ldp + j] is the token before position
 // pos0[i] + j (-1: the start). Writes their K/V into the caches and the final decoder states to
 // w.h (row i * n + j). Called by a whole team (or one thread).
 static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* prev, int ldp,
                  const int* pos0, const Work& w, float* scores) {
-    const int d = E->d, H = E->H, hd = d / H, L = E->L, ff = E->ff, R = m * n, CL = E->cache_len;
+    const int d = E->d, ff = E->ff, R = m * n, CL = E->cache_len;
     #pragma omp for schedule(static)
     for (int r = 0; r < R; r++) {
         int i = r / n, j = r % n, b = imgs[i];
@@ -270,10 +291,10 @@ static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* 
         const float *e = E->tgt_emb + (size_t)idx * d, *pe = E->pos_emb + ((size_t)b * S + pc) * d;
         for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] = e[c] + pe[c];
     }
+    #pragma omp for schedule(static)
+    for (int r = 0; r < R; r++) layer_norm(w.x + (size_t)r * d, E->layers[0].ln1_w, E->layers[0].ln1_b, w.xn + (size_t)r * d, d);
     for (int li = 0; li < E->n_layers; li++) {
         const Layer& Ly = E->layers[li];
-        #pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) layer_norm(w.x + (size_t)r * d, Ly.ln1_w, Ly.ln1_b, w.xn + (size_t)r * d, d);
         linear(w.xn, d, R, Ly.qkv_w, 3 * d, Ly.qkv_b, w.qkv, 3 * d, d, 3 * d);
         #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
@@ -283,46 +304,22 @@ static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* 
             for (int c = 0; c < d; c++) Kc[(size_t)c * CL + p] = w.qkv[(size_t)r * 3 * d + d + c];
             std::memcpy(Vc + (size_t)p * d, w.qkv + (size_t)r * 3 * d + 2 * d, d * sizeof(float));
         }
-        #pragma omp for schedule(static)
-        for (int ih = 0; ih < m * H; ih++) {  // a query's window: the previous attention block and its own
-            int i = ih / H, h = ih % H, b = imgs[i], lo[MAXK], hi[MAXK];
-            for (int j = 0; j < n; j++) {
-                int p = pos0[i] + j, l = (p / L - 1) * L;
-                lo[j] = l < 0 ? 0 : l; hi[j] = p;
-            }
-            attend(w.qkv + (size_t)i * n * 3 * d, 3 * d, n, lo, hi, E->k_cache[li] + (size_t)b * CL * d, CL,
-                   E->v_cache[li] + (size_t)b * CL * d, H, hd, w.att + (size_t)i * n * d, d, scores, h, h + 1);
-        }
+        attention(E, m, imgs, n, pos0, w.qkv, 3 * d, E->k_cache[li], E->v_cache[li], CL, true, w.att, scores);
         linear(w.att, d, R, Ly.out_w, d, Ly.out_b, w.xn, d, d, d);
-        #pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] += w.xn[(size_t)r * d + c];
-            layer_norm(w.x + (size_t)r * d, Ly.ln2_w, Ly.ln2_b, w.xn + (size_t)r * d, d);
-        }
+        residual_norm(R, d, w.x, w.xn, Ly.ln2_w, Ly.ln2_b, w.xn);
         linear(w.xn, d, R, Ly.cq_w, d, Ly.cq_b, w.qkv, d, d, d);
-        #pragma omp for schedule(static)
-        for (int ih = 0; ih < m * H; ih++) {
-            int i = ih / H, h = ih % H, b = imgs[i], lo[MAXK], hi[MAXK];
-            for (int j = 0; j < n; j++) { lo[j] = 0; hi[j] = E->n_src - 1; }
-            attend(w.qkv + (size_t)i * n * d, d, n, lo, hi, E->enc_k[li] + (size_t)b * E->n_src * d, E->n_src,
-                   E->enc_v[li] + (size_t)b * E->n_src * d, H, hd, w.att + (size_t)i * n * d, d, scores, h, h + 1);
-        }
+        attention(E, m, imgs, n, pos0, w.qkv, d, E->enc_k[li], E->enc_v[li], E->n_src, false, w.att, scores);
         linear(w.att, d, R, Ly.cout_w, d, Ly.cout_b, w.xn, d, d, d);
-        #pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] += w.xn[(size_t)r * d + c];
-            layer_norm(w.x + (size_t)r * d, Ly.ln3_w, Ly.ln3_b, w.xn + (size_t)r * d, d);
-        }
+        residual_norm(R, d, w.x, w.xn, Ly.ln3_w, Ly.ln3_b, w.xn);
         linear(w.xn, d, R, Ly.up_w, ff, Ly.up_b, w.hid, ff, d, ff);
         #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) gelu(w.hid + (size_t)r * ff, ff);
         linear(w.hid, ff, R, Ly.down_w, d, Ly.down_b, w.xn, d, ff, d);
-        #pragma omp for schedule(static)
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] += w.xn[(size_t)r * d + c];
+        if (li + 1 < E->n_layers)  // the next layer's first norm, or the decoder's final one
+            residual_norm(R, d, w.x, w.xn, E->layers[li + 1].ln1_w, E->layers[li + 1].ln1_b, w.xn);
+        else
+            residual_norm(R, d, w.x, w.xn, E->dec_ln_w, E->dec_ln_b, w.h);
     }
-    #pragma omp for schedule(static)
-    for (int r = 0; r < R; r++) layer_norm(w.x + (size_t)r * d, E->dec_ln_w, E->dec_ln_b, w.h + (size_t)r * d, d);
 }
 
 // ---------------------------------------------------------------- logits and the heads
@@ -333,14 +330,15 @@ static inline const float* offset_row(const float* table, int row, int ref) {
 }
 
 // logits z (R, 256) of p1 (lm_head + the input prior) at states h (R, d) predicting positions
-// pos0[i] + j of images imgs[i] (row i * n + j). Team call.
-static void p1_logits(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* h, float* z) {
+// pos0[i] + shift + j of images imgs[i] (row i * n + j). Team call.
+static void p1_logits(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* h, float* z,
+                      int shift = 0) {
     const int R = m * n;
     linear(h, E->d, R, E->lm_w, V, nullptr, z, V, E->d, V);
     if (!E->has_lr_prior) return;
     #pragma omp for schedule(static)
     for (int r = 0; r < R; r++) {
-        int i = r / n, b = imgs[i], p = pos0[i] + r % n;
+        int i = r / n, b = imgs[i], p = pos0[i] + shift + r % n;
         p = p < S ? p : S - 1;
         const float* pr = offset_row(E->lr_prior, p % 3, E->cell[(size_t)b * S + p]);
         for (int v = 0; v < V; v++) z[(size_t)r * V + v] += E->prior_weight * pr[v];
@@ -401,12 +399,14 @@ static int window_centre(const float* lg, int window) {  // argmax over v of P(|
 // toks[i]: the image's decoded tokens, read before pos[i] only. Team call.
 static void draft(const Engine* E, int m, const int* imgs, const float* hs, const int* pos, int k,
                   int64_t* const* toks, int64_t* const* props, int window, const Work& w) {
-    if (k == 1) return;
-    const int d = E->d, f = E->f, G = E->G, P = (k - 1) * f;
+    const int d = E->d, f = E->f, G = E->G;
+    const int kh = k < G + 1 ? k : G + 1;  // a block longer than the model's heads keeps the rest as is
+    if (kh == 1) return;
+    const int P = (kh - 1) * f;
     linear(hs, d, m, E->heads_up_w, G * f, E->heads_up_b, w.pre, P, d, P);
     #pragma omp for schedule(static)
     for (int i = 0; i < m; i++) gelu(w.pre + (size_t)i * P, P);
-    for (int g = 0; g < k - 1; g++) {
+    for (int g = 0; g < kh - 1; g++) {
         // group g reads hidden chunks 0..g (the nested matrix), plus the residual
         linear(w.pre, P, m, E->heads_down_w + g * d, G * d, E->heads_down_b + g * d, w.hz, d, (g + 1) * f, d);
         #pragma omp for schedule(static)
@@ -414,20 +414,14 @@ static void draft(const Engine* E, int m, const int* imgs, const float* hs, cons
             for (int c = 0; c < d; c++) w.hz[(size_t)i * d + c] += hs[(size_t)i * d + c];
             layer_norm(w.hz + (size_t)i * d, E->heads_ln_w + g * d, E->heads_ln_b + g * d, w.hn + (size_t)i * d, d);
         }
-        int upos[MAXK * 64];
-        const int* up = pos;
-        int* tmp = nullptr;
-        if (m <= MAXK * 64) { for (int i = 0; i < m; i++) upos[i] = pos[i] + g + 1; up = upos; }
-        else { tmp = (int*)std::malloc(m * sizeof(int)); for (int i = 0; i < m; i++) tmp[i] = pos[i] + g + 1; up = tmp; }
-        p1_logits(E, m, imgs, 1, up, w.hn, w.hl);
+        p1_logits(E, m, imgs, 1, pos, w.hn, w.hl, g + 1);  // the head's target: pos + g + 1
         #pragma omp for schedule(static)
         for (int i = 0; i < m; i++) {
             float* lg = w.hl + (size_t)i * V;
             int64_t* pr = props[i];
-            if (E->has_nbr_prior) add_nbr_prior(E, g, up[i], toks[i], pr, lg);
+            if (E->has_nbr_prior) add_nbr_prior(E, g, pos[i] + g + 1, toks[i], pr, lg);
             pr[g + 1] = window > 0 ? window_centre(lg, window) : argmax(lg);
         }
-        std::free(tmp);
     }
 }
 

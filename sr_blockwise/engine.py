@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,7 @@ class _Engine(ctypes.Structure):
                 + [(n, _F) for n in ("tgt_emb", "dec_ln_w", "dec_ln_b", "lm_w", "heads_up_w", "heads_up_b",
                                      "heads_down_w", "heads_down_b", "heads_ln_w", "heads_ln_b",
                                      "lr_prior", "nbr_prior")]
-                + [("n_refs", ctypes.c_int), ("B", ctypes.c_int), ("cache_len", ctypes.c_int),
+                + [("B", ctypes.c_int), ("cache_len", ctypes.c_int),
                    ("k_cache", ctypes.POINTER(_F)), ("v_cache", ctypes.POINTER(_F)),
                    ("enc_k", ctypes.POINTER(_F)), ("enc_v", ctypes.POINTER(_F)), ("n_src", ctypes.c_int),
                    ("pos_emb", _F), ("cell", ctypes.POINTER(ctypes.c_int32)), ("prior_weight", ctypes.c_float),
@@ -78,9 +79,8 @@ def library():
     if cxx is None:
         _build_error = "no C++ compiler (g++) found: the native engine cannot be built"
         raise RuntimeError(_build_error)
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join(FLAGS).encode() + platform.machine().encode()
-                         + Path("/proc/cpuinfo").read_bytes()[:0]).hexdigest()[:16]
+    # -march=native: a cached build is only for a processor with the same instruction sets
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
     so = _cache_dir() / f"engine-{key}.so"
     if not so.exists():
         so.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +98,14 @@ def library():
     lib.engine_work_floats.restype = ctypes.c_size_t
     _lib = lib
     return lib
+
+
+def _cpu_flags() -> bytes:
+    try:
+        lines = Path("/proc/cpuinfo").read_bytes().splitlines()
+    except OSError:
+        return platform.processor().encode() + platform.machine().encode()
+    return next((ln for ln in lines if ln.startswith(b"flags")), platform.machine().encode())
 
 
 def available() -> bool:
@@ -172,19 +180,40 @@ class Weights:
             e.heads_ln_b = f(torch.stack([n.bias for n in heads.norms]))
             if heads.nbr_prior is not None:
                 e.has_nbr_prior, e.nbr_draft = 1, int(cfg.nbr_draft)
-                e.nbr_prior, e.n_refs = f(heads.nbr_prior), heads.nbr_prior.shape[1]
+                e.nbr_prior = f(heads.nbr_prior)
         if model.lr_prior is not None:
             e.has_lr_prior, e.lr_prior = 1, f(model.lr_prior)
         self.struct, self._keep, self._layers = e, keep, layers
-        self.model = model
+        self.fingerprint = _fingerprint(model)
+
+
+def _fingerprint(model: ImageTransformerSR) -> tuple:
+    """Changes whenever a parameter or buffer is replaced or modified in place (an optimizer step,
+    load_state_dict, for_inference): the packed copy is then stale."""
+    return tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
+
+
+_packed: "weakref.WeakKeyDictionary[ImageTransformerSR, Weights]" = weakref.WeakKeyDictionary()
+
+
+def packed(model: ImageTransformerSR) -> Weights:
+    """The model's weights in the engine's layout, packed once and repacked only after the
+    model's weights change (kept beside the model, not on it: a deepcopy does not carry it)."""
+    w = _packed.get(model)
+    if w is None or w.fingerprint != _fingerprint(model):
+        w = _packed[model] = Weights(model)
+    return w
 
 
 class Batch:
     """The per-image state of one batch: KV caches, the encoder's cross-attention K/V, each
     position's input embedding, and the decoded tokens, block map and counters."""
 
-    def __init__(self, weights: Weights, src: torch.Tensor, k: int, prior_weight: float = 1.0):
-        cfg, model = weights.cfg, weights.model
+    def __init__(self, model: ImageTransformerSR, src: torch.Tensor, k: int, prior_weight: float = 1.0):
+        if not 1 <= k <= MAX_TOKENS:
+            raise ValueError(f"the native engine feeds 1..{MAX_TOKENS} tokens per call, got k={k}")
+        weights = packed(model)
+        cfg = weights.cfg
         B = src.shape[0]
         self.weights, self.B, self.k = weights, B, k
         d = cfg.d_model

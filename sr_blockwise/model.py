@@ -490,8 +490,7 @@ class ImageTransformerSR(nn.Module):
             return None
         pos = pos.clamp(max=SEQ_LEN - 1)
         prior = offset_log_prior(self.lr_prior, self.tgt_ch[pos], self.cell_intensity(src, pos))
-        # a tensor weight (compiled decoding) is multiplied whatever its value: no branch on it
-        return prior if isinstance(weight, (int, float)) and weight == 1 else prior * weight
+        return prior if weight == 1 else prior * weight
 
     def _with_prior(self, logits, src, pos, weight: float = 1.0):
         if self.lr_prior is None:

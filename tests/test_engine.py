@@ -6,7 +6,7 @@ import torch
 
 from conftest import make_tiny
 from sr_blockwise import engine
-from sr_blockwise.decoding import DecodeOptions, decode, native_weights
+from sr_blockwise.decoding import DecodeOptions, decode
 from sr_blockwise.model import SEQ_LEN, ImageTransformerSR, preset
 
 pytestmark = pytest.mark.skipif(not engine.available(), reason="no C++ compiler: the native engine cannot be built")
@@ -26,7 +26,7 @@ def test_engine_states_and_logits_match_the_torch_model(seed):
     with torch.no_grad():
         full = m(src, tgt)
         logits = m.logits(full, src)
-    batch = engine.Batch(native_weights(m), src, k=4)
+    batch = engine.Batch(m, src, k=4)
     g = torch.Generator().manual_seed(seed)
     for b in range(2):
         states, zs, t = [], [], 0
@@ -48,9 +48,9 @@ def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_toke
     torch.nn.init.normal_(m.lr_emb.weight, std=0.1)
     src, tgt, prev = _image(3)
     T = 400
-    alone_batch = engine.Batch(native_weights(m), src, k=1)
+    alone_batch = engine.Batch(m, src, k=1)
     alone = torch.cat([alone_batch.step(1, prev[1, t:t + 1], t)[0] for t in range(T)])
-    batch = engine.Batch(native_weights(m), src, k=12)
+    batch = engine.Batch(m, src, k=12)
     g = torch.Generator().manual_seed(1)
     t, states = 0, []
     while t < T:
@@ -79,7 +79,7 @@ def test_drafted_blocks_are_the_torch_heads_proposals():
     m = make_tiny(6).double()
     src, tgt, prev = _image(6, B=1)
     k = m.cfg.n_blockwise
-    batch = engine.Batch(native_weights(m), src, k=k)
+    batch = engine.Batch(m, src, k=k)
     pos = torch.tensor([0, 5, 97, 700, 3065])
     with torch.no_grad():
         full = m(src, tgt)
