@@ -60,7 +60,10 @@ struct Engine {
     const float *nbr_prior;  // (K-1, refs, 3, 511)
     // per image
     int B, cache_len;
-    float **k_cache, **v_cache;  // per layer: keys (B, d, cache_len), transposed; values (B, cache_len, d)
+    // per layer: keys (B, d, cache_len), transposed; values (B, cache_len, d). A ring: position p
+    // lives in slot p mod 3L, and slots below L again at +3L, so every window (2 blocks from a
+    // block start) is contiguous; 3 blocks suffice because a call writes at most MAXK < L ahead.
+    float **k_cache, **v_cache;
     const float **enc_k, **enc_v;  // per layer: keys (B, d, 192), transposed; values (B, 192, d)
     int n_src;
     const float* pos_emb;  // (B, S, d): position (+ lr_skip) part of the decoder input
@@ -248,17 +251,18 @@ static float* scores_buffer(const Engine* E) {  // one per thread: 4 queries' sc
 // Attention of the n queries (rows of q, stride ldq) of each of m images over that image's keys
 // KT (d, keys) and values V (keys, d), one image and head per work item of the team. local: the
 // decoder's self-attention, where query p reads keys from the start of the previous attention
-// block to p; otherwise every key (cross-attention to the encoder).
+// block to p, from the KV ring (see Engine); otherwise every key (cross-attention to the encoder).
 static void attention(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* q, int ldq,
                       const float* KT, const float* Vv, int n_keys, bool local, float* out, float* scores) {
     const int d = E->d, H = E->H, L = E->L;
     #pragma omp for schedule(static)
     for (int ih = 0; ih < m * H; ih++) {
         int i = ih / H, h = ih % H, b = imgs[i], lo[MAXK], hi[MAXK];
-        for (int j = 0; j < n; j++) {
+        for (int j = 0; j < n; j++) {  // a window in the ring: its start's slot, then in order
             int p = pos0[i] + j, l = (p / L - 1) * L;
-            lo[j] = local ? (l < 0 ? 0 : l) : 0;
-            hi[j] = local ? p : n_keys - 1;
+            l = l < 0 ? 0 : l;
+            lo[j] = local ? l % (3 * L) : 0;
+            hi[j] = local ? lo[j] + (p - l) : n_keys - 1;
         }
         attend(q + (size_t)i * n * ldq, ldq, n, lo, hi, KT + (size_t)b * n_keys * d, n_keys,
                Vv + (size_t)b * n_keys * d, H, d / H, out + (size_t)i * n * d, d, scores, h, h + 1);
@@ -298,11 +302,13 @@ static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* 
         linear(w.xn, d, R, Ly.qkv_w, 3 * d, Ly.qkv_b, w.qkv, 3 * d, d, 3 * d);
         #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
-            int i = r / n, b = imgs[i], p = pos0[i] + r % n;
+            int i = r / n, b = imgs[i], slot = (pos0[i] + r % n) % (3 * E->L);
             float* Kc = E->k_cache[li] + (size_t)b * CL * d;
             float* Vc = E->v_cache[li] + (size_t)b * CL * d;
-            for (int c = 0; c < d; c++) Kc[(size_t)c * CL + p] = w.qkv[(size_t)r * 3 * d + d + c];
-            std::memcpy(Vc + (size_t)p * d, w.qkv + (size_t)r * 3 * d + 2 * d, d * sizeof(float));
+            for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L) {  // slots < L also at +3L
+                for (int c = 0; c < d; c++) Kc[(size_t)c * CL + copy] = w.qkv[(size_t)r * 3 * d + d + c];
+                std::memcpy(Vc + (size_t)copy * d, w.qkv + (size_t)r * 3 * d + 2 * d, d * sizeof(float));
+            }
         }
         attention(E, m, imgs, n, pos0, w.qkv, 3 * d, E->k_cache[li], E->v_cache[li], CL, true, w.att, scores);
         linear(w.att, d, R, Ly.out_w, d, Ly.out_b, w.xn, d, d, d);

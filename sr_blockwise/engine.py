@@ -123,6 +123,8 @@ def supports(model: ImageTransformerSR) -> str | None:
         return "the native engine runs head1='base' models (p1 = the base logits)"
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 16 or cfg.d_model % 16:
         return "the native engine needs a head dimension that is a multiple of 16"
+    if cfg.block_len <= MAX_TOKENS:
+        return f"the native engine needs attention blocks longer than {MAX_TOKENS} tokens"
     if cfg.d_ff % 16 or cfg.head_ff % 16:
         return "the native engine needs widths that are multiples of 16"
     return None
@@ -217,7 +219,7 @@ class Batch:
         B = src.shape[0]
         self.weights, self.B, self.k = weights, B, k
         d = cfg.d_model
-        cache_len = SEQ_LEN + 2 * cfg.block_len + 2 * MAX_TOKENS
+        cache_len = 4 * cfg.block_len + 64  # the ring (engine.cpp) and the reads past a window's end
         with torch.no_grad():
             pos = torch.arange(SEQ_LEN)
             pe = model.row_emb(model.tgt_r) + model.col_emb(model.tgt_c) + model.ch_emb(model.tgt_ch)

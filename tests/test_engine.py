@@ -98,3 +98,18 @@ def test_the_engine_refuses_models_it_does_not_run():
         decode(m, np.zeros((1, 8, 8, 3), np.uint8), DecodeOptions(k=2), engine="native")
     r = decode(make_tiny(0), np.zeros((1, 8, 8, 3), np.uint8), DecodeOptions(k=1, temperature=1.0))
     assert r.extra["engine"] == "torch"  # sampling runs on the torch engine
+
+
+def test_changed_weights_are_packed_again():
+    """The packed copy follows the model: after an in-place change (an optimizer step,
+    load_state_dict) decoding uses the new weights, as a fresh copy of the model would."""
+    import copy
+    m = make_tiny(7).for_inference(torch.float32)
+    lr = np.random.default_rng(7).integers(0, 256, (1, 8, 8, 3), dtype=np.uint8)
+    before = decode(m, lr, DecodeOptions(k=1)).images
+    with torch.no_grad():
+        m.lm_head.weight.mul_(-1.0)  # a large in-place change: the argmaxes move
+    fresh = copy.deepcopy(m)
+    after = decode(m, lr, DecodeOptions(k=1)).images
+    assert not np.array_equal(after, before)
+    assert np.array_equal(after, decode(fresh, lr, DecodeOptions(k=1)).images)
