@@ -112,12 +112,12 @@ class Frame:
     seconds: float
 
 
-# The demo decodes in worker threads, and there 2 torch (OpenMP) threads ran 1.8x slower than 1 on
-# a 2-core machine, while on the main thread the two were about as fast (probably the worker's
-# thread team and the main thread's idle one outnumber the cores, and libgomp stops spinning
-# between parallel regions). So `sr-blockwise demo` sets 1 thread at start-up (--threads):
-# torch.set_num_threads sets the calling thread's count and the count every thread started later
-# begins with, so every worker gets it.
+# The demo decodes in worker threads, where OpenMP teams outnumber the cores and libgomp stops
+# spinning between parallel regions: there 2 torch threads ran several times slower than 1 (the
+# native engine runs on 1 thread outside the main thread for the same reason, engine.py). So
+# `sr-blockwise demo` sets 1 torch thread at start-up (--threads) for what runs in PyTorch
+# (sampling): torch.set_num_threads sets the calling thread's count and the count every thread
+# started later begins with, so every worker gets it.
 DECODE_THREADS = 1
 
 
@@ -132,7 +132,7 @@ class Cancelled(Exception):
     pass
 
 
-def decode_live(model, lr, opts, progress_every: int = 8, min_interval: float = 0.1,
+def decode_live(model, lr, opts, progress_every: int = 8, min_interval: float = 0.25,
                 time_limit: float | None = None):
     """Decode one 8x8 input in a worker thread; yield Frames (at most one per min_interval
     seconds, always the newest) and finally the DecodeResult. Closing the generator (the user
@@ -518,9 +518,9 @@ def register(subparsers) -> None:
     d.add_argument("--max-queue", type=int, default=16, help="waiting requests beyond this are refused")
     d.add_argument("--time-limit", type=float, default=300.0, help="seconds one decode may take")
     d.add_argument("--threads", type=int, default=DECODE_THREADS,
-                   help="torch CPU threads a decode runs with (0: torch's default). 1 by default: the demo "
-                        "decodes one image at a time in a worker thread, where 2 threads ran 2x slower than "
-                        "1 on a 2-core machine")
+                   help="torch CPU threads of a sampling decode (0: torch's default). 1 by default: the demo "
+                        "decodes in worker threads, where 2 threads ran several times slower than 1 on a "
+                        "2-core machine (the native engine uses 1 thread there whatever this says)")
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the weights' dtype: the native engine computes in float32 with them, sampling "
                         "runs in PyTorch in this dtype")

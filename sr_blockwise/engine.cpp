@@ -70,6 +70,7 @@ struct Engine {
     const int32_t* cell;   // (B, S): the 8x8 input's intensity under each position
     float prior_weight;
     float* work;  // workspace for B * MAXK rows (engine.py sizes it: work_floats)
+    int threads;  // OpenMP threads a call runs on
 };
 
 // ---------------------------------------------------------------- kernels
@@ -475,7 +476,7 @@ extern "C" void engine_start(const Engine* E, const Options* o, int n, const int
         imgs[i] = (int)rows[i]; zero[i] = 0; start[i] = -1;
         ptrs[i] = toks + (size_t)imgs[i] * toks_len; ptrs[n + i] = props + (size_t)imgs[i] * o->k;
     }
-    #pragma omp parallel
+    #pragma omp parallel num_threads(E->threads)
     {
         float* scores = scores_buffer(E);
         step(E, n, imgs, 1, start, 1, zero, w, scores);
@@ -520,7 +521,7 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
     }
     int m2 = 0;  // images that go on, their states in w.att
     if (m) {
-        #pragma omp parallel
+        #pragma omp parallel num_threads(E->threads)
         {
             float* scores = scores_buffer(E);
             step(E, m, imgs, k, pk, k, pos, w, scores);
@@ -563,7 +564,7 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
 // pos0.. (prev: the tokens before them), K/V written as a decoding call writes them.
 extern "C" void engine_step(const Engine* E, int b, int n, const int64_t* prev, int pos0, float* h, float* z) {
     const Work w = work_of(E);
-    #pragma omp parallel
+    #pragma omp parallel num_threads(E->threads)
     {
         float* scores = scores_buffer(E);
         step(E, 1, &b, n, prev, n, &pos0, w, scores);
@@ -583,7 +584,7 @@ extern "C" void engine_draft(const Engine* E, const Options* o, int b, int m, co
     int* imgs = (int*)std::malloc(m * sizeof(int));
     int64_t** ptrs = (int64_t**)std::malloc(2 * (size_t)m * sizeof(int64_t*));
     for (int i = 0; i < m; i++) { imgs[i] = b; ptrs[i] = toks; ptrs[m + i] = props + (size_t)i * o->k; }
-    #pragma omp parallel
+    #pragma omp parallel num_threads(E->threads)
     draft(E, m, imgs, hs, pos, o->k, ptrs, ptrs + m, o->window, w);
     std::free(imgs); std::free(ptrs);
 }

@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 
@@ -52,7 +53,7 @@ class _Engine(ctypes.Structure):
                    ("k_cache", ctypes.POINTER(_F)), ("v_cache", ctypes.POINTER(_F)),
                    ("enc_k", ctypes.POINTER(_F)), ("enc_v", ctypes.POINTER(_F)), ("n_src", ctypes.c_int),
                    ("pos_emb", _F), ("cell", ctypes.POINTER(ctypes.c_int32)), ("prior_weight", ctypes.c_float),
-                   ("work", _F)])
+                   ("work", _F), ("threads", ctypes.c_int)])
 
 
 class _Options(ctypes.Structure):
@@ -106,6 +107,15 @@ def _cpu_flags() -> bytes:
     except OSError:
         return platform.processor().encode() + platform.machine().encode()
     return next((ln for ln in lines if ln.startswith(b"flags")), platform.machine().encode())
+
+
+def threads_for_this_thread() -> int:
+    """OpenMP threads for a call made from the calling thread: torch's count on the main thread,
+    1 elsewhere. Both share one OpenMP runtime; once a second Python thread runs parallel regions
+    it has more threads than cores, and its barriers then sleep instead of spinning: a face took
+    3.8 s at 2 threads in a worker thread against 0.5 s at 1 and 0.4 s at 2 on the main thread
+    (experiments/demo-latency/)."""
+    return torch.get_num_threads() if threading.current_thread() is threading.main_thread() else 1
 
 
 def available() -> bool:
@@ -244,6 +254,7 @@ class Batch:
         G_f = model.heads.f if model.heads is not None else 16
         self.work = torch.empty(library().engine_work_floats(B, d, cfg.d_ff, G_f))
         e.work = _ptr(self.work)
+        e.threads = threads_for_this_thread()
         self.struct = e
         self.toks_len = SEQ_LEN + MAX_TOKENS
         self.tokens = torch.zeros(B, self.toks_len, dtype=torch.int64)

@@ -113,3 +113,24 @@ def test_changed_weights_are_packed_again():
     after = decode(m, lr, DecodeOptions(k=1)).images
     assert not np.array_equal(after, before)
     assert np.array_equal(after, decode(fresh, lr, DecodeOptions(k=1)).images)
+
+
+def test_output_does_not_depend_on_the_thread_count():
+    """Two OpenMP threads on the main thread, one in a worker thread (threads_for_this_thread):
+    each output is computed by one thread with the same operations, so the faces are the same."""
+    import threading
+    m = make_tiny(8).for_inference(torch.float32)
+    lr = np.random.default_rng(8).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    opts = DecodeOptions(k=6, rule="eps", eps=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert engine.threads_for_this_thread() == 2
+        two = decode(m, lr, opts).images
+    finally:
+        torch.set_num_threads(threads)
+    out = []
+    worker = threading.Thread(target=lambda: out.append((engine.threads_for_this_thread(), decode(m, lr, opts).images)))
+    worker.start()
+    worker.join()
+    assert out[0][0] == 1 and np.array_equal(out[0][1], two)

@@ -4,7 +4,6 @@
 # each with the decode at 2 torch threads and at 1. Exact and approximate (eps=2, k=6), input
 # guidance 2, float32 (the demo's dtype).
 #   .venv/bin/python experiments/demo-latency/demo_latency.py [--repeats 2]
-#   .venv/bin/python experiments/demo-latency/demo_latency.py --compile --threads 1 --server-only   (the demo's --compile)
 # Logs beside this script: demo_latency.log (made by the version of commit 70b24ef, which set the
 # count inside each decode worker; now it is set on the main thread, which every thread started
 # later begins with, as `sr-blockwise demo` does), demo_latency_compile.log (--compile), and
@@ -17,19 +16,15 @@ from PIL import Image
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
 from sr_blockwise.decoding import decode, options_for
-from apps.demo import build_app, compile_and_warm_up, decode_live, launch
+from apps.demo import build_app, decode_live, launch
 
 p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=2)
 p.add_argument("--threads", default="2,1", help="torch threads of the decode to compare")
-p.add_argument("--compile", action="store_true", help="compile the decoder as `demo --compile` does")
 p.add_argument("--server-only", action="store_true")
 a = p.parse_args()
 THREADS = [int(n) for n in a.threads.split(",")]
 model = load_model("cpu-finetuned", dtype=torch.float32)
-if a.compile:  # and warm up as cmd_demo does, at the decode's thread count
-    torch.set_num_threads(THREADS[-1])
-    compile_and_warm_up(model)
 face = load_faces(part="test").images[1]
 lr = downsample_8(face[None])[0]
 import tempfile
