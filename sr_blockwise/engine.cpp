@@ -12,8 +12,9 @@
 // bit for bit the same alone (greedy) or inside a k-token verify call, and exact mode equals
 // greedy decoding by construction, in float32.
 //
-// Layouts (all float32, row-major): a linear layer's weight is stored transposed, in x out, so a
-// tile of rows streams it once; the KV cache is (image, position, d) per layer.
+// Layouts (row-major, float32 but for the weight matrices: see Mat): a linear layer's weight is
+// stored transposed, in x out, so a tile of rows streams it once; the KV cache is (image,
+// position, d) per layer.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -42,19 +43,30 @@ static const int S = 3072;  // target tokens
 static const int V = 256;   // intensities
 static const int MAXK = 16; // tokens per call at most
 
+// A weight matrix W (rows = inputs, columns = outputs) in panels of 16 columns, each panel rows x
+// 16 contiguous: a tile of rows streams a few panels front to back (a prefetcher's easy case).
+// Float32, or bfloat16 where every entry is a bfloat16 value already (weights trained in bf16 and
+// exported at full precision): the same numbers in half the bytes.
+struct Mat {
+    const void* p;
+    int bf16, rows;
+    Mat at(int col) const {  // the matrix from column `col` (a multiple of 16) on
+        return {(const char*)p + (size_t)(col / 16) * rows * 16 * (bf16 ? 2 : 4), bf16, rows};
+    }
+};
 struct Layer {
-    const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *out_w, *out_b;
-    const float *ln2_w, *ln2_b, *cq_w, *cq_b, *cout_w, *cout_b;
-    const float *ln3_w, *ln3_b, *up_w, *up_b, *down_w, *down_b;
+    const float *ln1_w, *ln1_b, *qkv_b, *out_b, *ln2_w, *ln2_b, *cq_b, *cout_b, *ln3_w, *ln3_b, *up_b, *down_b;
+    Mat qkv_w, out_w, cq_w, cout_w, up_w, down_w;
 };
 
 struct Engine {
     int d, H, L, ff, n_layers, G, f;  // G head groups (heads 2..K), f hidden width per group
     int has_lr_prior, has_nbr_prior, nbr_draft;
     const Layer* layers;
-    const float *tgt_emb, *dec_ln_w, *dec_ln_b, *lm_w;  // lm_w (d, 256)
-    const float *heads_up_w, *heads_up_b;      // (d, G*f), (G*f)
-    const float *heads_down_w, *heads_down_b;  // (G*f, G*d) nested (masked) and transposed, (G*d)
+    const float *tgt_emb, *dec_ln_w, *dec_ln_b;
+    Mat lm_w;                                  // (d, 256)
+    Mat heads_up_w, heads_down_w;              // (d, G*f); (G*f, G*d) nested (masked) and transposed
+    const float *heads_up_b, *heads_down_b;    // (G*f), (G*d)
     const float *heads_ln_w, *heads_ln_b;      // (G, d)
     const float *lr_prior;   // (3, 511) log-prior over intensity - the input cell's intensity
     const float *nbr_prior;  // (K-1, refs, 3, 511)
@@ -75,57 +87,76 @@ struct Engine {
 
 // ---------------------------------------------------------------- kernels
 
-// y[r, 0:N] = b + x[r, 0:K] @ W[0:K, 0:N] for nr <= 4 rows; N a multiple of 16. Each output is
-// accumulated over k in order, so a row's result does not depend on the rows beside it.
-template <int NR>
-static void lin_rows(const float* x, int ldx, const float* W, int ldw, const float* b, float* y,
-                     int ldy, int K, int N) {
-    int j = 0;
-    for (; j + 64 <= N; j += 64) {
-        v16 acc[NR][4];
-        for (int r = 0; r < NR; r++)
-            for (int c = 0; c < 4; c++) acc[r][c] = b ? ld(b + j + 16 * c) : splat(0.f);
-        for (int k = 0; k < K; k++) {
-            const float* w = W + (size_t)k * ldw + j;
-            v16 w0 = ld(w), w1 = ld(w + 16), w2 = ld(w + 32), w3 = ld(w + 48);
-            for (int r = 0; r < NR; r++) {
-                v16 xs = splat(x[(size_t)r * ldx + k]);
-                acc[r][0] += xs * w0; acc[r][1] += xs * w1; acc[r][2] += xs * w2; acc[r][3] += xs * w3;
-            }
+typedef uint16_t vh16 __attribute__((vector_size(32)));
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+static inline v16 ld_weights(const float* p) { return ld(p); }
+static inline v16 ld_weights(const uint16_t* p) {  // 16 bfloat16 -> float32 (exact: the high half)
+    vh16 h; std::memcpy(&h, p, 32);
+    vu16 u = __builtin_convertvector(h, vu16) << 16;
+    v16 f; std::memcpy(&f, &u, 64); return f;
+}
+
+// y[r, 0:16*NC] = b + x[r, 0:K] @ W[0:K, 0:16*NC] for NR rows (W: NC panels, `panel` elements
+// apart). Each output is accumulated over k in order, one multiply-add at a time, so a row's result
+// does not depend on the rows beside it, on NR or on NC (the tiles only share the weight loads).
+template <int NR, int NC, typename WT>
+static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K) {
+    v16 acc[NR][NC];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) acc[r][c] = b ? ld(b + 16 * c) : splat(0.f);
+    for (int k = 0; k < K; k++) {
+        v16 w[NC];
+        for (int c = 0; c < NC; c++) w[c] = ld_weights(W + c * panel + (size_t)k * 16);
+        for (int r = 0; r < NR; r++) {
+            v16 xs = splat(x[(size_t)r * ldx + k]);
+            for (int c = 0; c < NC; c++) acc[r][c] += xs * w[c];
         }
-        for (int r = 0; r < NR; r++)
-            for (int c = 0; c < 4; c++) st(y + (size_t)r * ldy + j + 16 * c, acc[r][c]);
     }
-    for (; j < N; j += 16) {
-        v16 acc[NR];
-        for (int r = 0; r < NR; r++) acc[r] = b ? ld(b + j) : splat(0.f);
-        for (int k = 0; k < K; k++) {
-            v16 w0 = ld(W + (size_t)k * ldw + j);
-            for (int r = 0; r < NR; r++) acc[r] += splat(x[(size_t)r * ldx + k]) * w0;
-        }
-        for (int r = 0; r < NR; r++) st(y + (size_t)r * ldy + j, acc[r]);
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) st(y + (size_t)r * ldy + 16 * c, acc[r][c]);
+}
+
+// the last m < M + 1 rows of a column block (the tile of exactly m rows)
+template <int M, int NC, typename WT>
+static void lin_rest(int m, const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K) {
+    if constexpr (M >= 1) {
+        if (m == M) lin_rows<M, NC>(x, ldx, W, panel, b, y, ldy, K);
+        else lin_rest<M - 1, NC>(m, x, ldx, W, panel, b, y, ldy, K);
     }
 }
 
-// y = b + x W for n rows, all rows through one column block before the next (the block of W stays
-// in cache while every row uses it). Called by a whole OpenMP team, the column blocks are shared
-// out (orphaned `omp for`: outside a parallel region it runs them all).
-static void linear(const float* x, int ldx, int n, const float* W, int ldw, const float* b, float* y,
-                   int ldy, int K, int N) {
-    const int n64 = N / 64, nb = n64 + (N % 64) / 16;
+// n rows through one column block of NC panels: tiles of RT rows, then the rest
+template <int RT, int NC, typename WT>
+static void lin_block(const float* x, int ldx, int n, const WT* W, size_t panel, const float* b, float* y, int ldy, int K) {
+    int r = 0;
+    for (; r + RT <= n; r += RT) lin_rows<RT, NC>(x + (size_t)r * ldx, ldx, W, panel, b, y + (size_t)r * ldy, ldy, K);
+    lin_rest<RT - 1, NC>(n - r, x + (size_t)r * ldx, ldx, W, panel, b, y + (size_t)r * ldy, ldy, K);
+}
+
+// y = b + x W[0:K, 0:N] for n rows, all rows through one column block before the next (the block
+// of W stays in cache while every row uses it). Up to 4 rows: blocks of 4 panels (4 independent
+// sums a row); more: blocks of 2 panels, 8 rows a tile, so a 7-token call reads each weight once.
+// Called by a whole OpenMP team, the column blocks are shared out (orphaned `omp for`: outside a
+// parallel region it runs them all). N a multiple of 16.
+template <typename WT>
+static void linear_t(const float* x, int ldx, int n, const WT* W, size_t panel, const float* b, float* y,
+                     int ldy, int K, int N) {
+    const int cw = n <= 4 ? 64 : 32, nw = N / cw, nb = nw + (N % cw) / 16;
     #pragma omp for schedule(static)
     for (int blk = 0; blk < nb; blk++) {
-        int j0 = blk < n64 ? 64 * blk : 64 * n64 + 16 * (blk - n64), w = blk < n64 ? 64 : 16;
-        const float* Wj = W + j0;
+        int j0 = blk < nw ? cw * blk : cw * nw + 16 * (blk - nw);
+        const WT* Wj = W + (j0 / 16) * panel;
         const float* bj = b ? b + j0 : nullptr;
-        int r = 0;
-        for (; r + 4 <= n; r += 4) lin_rows<4>(x + (size_t)r * ldx, ldx, Wj, ldw, bj, y + (size_t)r * ldy + j0, ldy, K, w);
-        switch (n - r) {
-            case 3: lin_rows<3>(x + (size_t)r * ldx, ldx, Wj, ldw, bj, y + (size_t)r * ldy + j0, ldy, K, w); break;
-            case 2: lin_rows<2>(x + (size_t)r * ldx, ldx, Wj, ldw, bj, y + (size_t)r * ldy + j0, ldy, K, w); break;
-            case 1: lin_rows<1>(x + (size_t)r * ldx, ldx, Wj, ldw, bj, y + (size_t)r * ldy + j0, ldy, K, w); break;
-        }
+        float* yj = y + j0;
+        if (blk >= nw) lin_block<8, 1>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
+        else if (cw == 64) lin_block<4, 4>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
+        else lin_block<8, 2>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
     }
+}
+static void linear(const float* x, int ldx, int n, Mat W, const float* b, float* y, int ldy, int K, int N) {
+    const size_t panel = (size_t)W.rows * 16;
+    if (W.bf16) linear_t(x, ldx, n, (const uint16_t*)W.p, panel, b, y, ldy, K, N);
+    else linear_t(x, ldx, n, (const float*)W.p, panel, b, y, ldy, K, N);
 }
 
 static void layer_norm(const float* x, const float* w, const float* b, float* y, int d) {
@@ -150,11 +181,55 @@ static void gelu(float* x, int n) {
     }
 }
 
-// Softmax attention of nq <= 4 queries (rows of q, stride ldq) whose windows start at the same
-// key lo and end at hi[i], per head. KT holds the keys transposed (d, ldk), so 16 keys' scores
-// are one vector per input dimension; Vv the values (position, d). A query's scores, softmax and
-// weighted sum are the same operations in the same order whatever queries share the call: keys
-// past its own end get weight exactly 0, and the sums run over the key's offset from lo.
+// sum of x[0:n] in double: lane l of two 8-wide sums takes j = l mod 16, the lanes then added in
+// order, the rest one by one (a fixed order: the same for a query whatever else is in the call)
+static double sum_f64(const float* x, int n) {
+    typedef float v8f __attribute__((vector_size(32)));
+    typedef double v8d __attribute__((vector_size(64)));
+    v8d a = {}, b = {};
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        v8f lo, hi;
+        std::memcpy(&lo, x + j, 32); std::memcpy(&hi, x + j + 8, 32);
+        a += __builtin_convertvector(lo, v8d); b += __builtin_convertvector(hi, v8d);
+    }
+    double s = 0.0;
+    for (int l = 0; l < 8; l++) s += a[l];
+    for (int l = 0; l < 8; l++) s += b[l];
+    for (; j < n; j++) s += x[j];
+    return s;
+}
+
+// out[i, 0:16] = inv[i] * sum over keys j of scores[i, j] * V[j, 0:16] for min(n, NQ) queries,
+// as four partial sums over j mod 4, added pairwise at the end
+template <int NQ>
+static void weighted_sum(int n, const float* scores, int span, const float* V, int ldv, int jend,
+                         const float* inv, float* out, int ldo) {
+    if (n < NQ) {
+        if constexpr (NQ > 1) weighted_sum<NQ - 1>(n, scores, span, V, ldv, jend, inv, out, ldo);
+        return;
+    }
+    v16 acc[NQ][4];
+    for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = splat(0.f);
+    for (int j = 0; j < jend; j += 4) {
+        const float* vr = V + (size_t)j * ldv;
+        v16 v0 = ld(vr), v1 = ld(vr + ldv), v2 = ld(vr + 2 * ldv), v3 = ld(vr + 3 * ldv);
+        for (int i = 0; i < NQ; i++) {
+            const float* sc = scores + i * span + j;
+            acc[i][0] += splat(sc[0]) * v0; acc[i][1] += splat(sc[1]) * v1;
+            acc[i][2] += splat(sc[2]) * v2; acc[i][3] += splat(sc[3]) * v3;
+        }
+    }
+    for (int i = 0; i < NQ; i++)
+        st(out + (size_t)i * ldo, ((acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3])) * inv[i]);
+}
+
+// Softmax attention of NQ <= 8 queries (rows of q, stride ldq) whose windows start at the same
+// key lo and end at hi[i], per head: the group reads the keys and values once. KT holds the keys
+// transposed (d, ldk), so 16 keys' scores are one vector per input dimension; Vv the values
+// (position, d). A query's scores, softmax and weighted sum are the same operations in the same
+// order whatever queries share the call: keys past its own end get weight exactly 0, the sums run
+// over the key's offset from lo, and the weighted sum goes four queries at a time (registers).
 template <int NQ>
 static void attend_group(const float* q, int ldq, const int* hi, const float* KT, int ldk,
                          const float* Vv, int lo, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
@@ -180,44 +255,39 @@ static void attend_group(const float* q, int ldq, const int* hi, const float* KT
         float inv[NQ];
         for (int i = 0; i < NQ; i++) {
             float* sc = scores + i * span;
-            float mx = sc[0];
-            for (int j = 1; j < cnt[i]; j++) mx = sc[j] > mx ? sc[j] : mx;
+            const int c16 = cnt[i] & ~15;
+            v16 vm = splat(sc[0]);
+            for (int j = 0; j < c16; j += 16) { v16 x = ld(sc + j); vm = x > vm ? x : vm; }
+            float mx = vm[0];
+            for (int l = 1; l < 16; l++) mx = vm[l] > mx ? vm[l] : mx;
+            for (int j = c16; j < cnt[i]; j++) mx = sc[j] > mx ? sc[j] : mx;
             for (int j = 0; j < span; j += 16) st(sc + j, vexp(ld(sc + j) - mx));
             for (int j = cnt[i]; j < span; j++) sc[j] = 0.f;
-            double sum = 0.0;
-            for (int j = 0; j < cnt[i]; j++) sum += sc[j];
-            inv[i] = (float)(1.0 / sum);
+            inv[i] = (float)(1.0 / sum_f64(sc, cnt[i]));
         }
         const int jend = (cmax + 3) & ~3;
-        for (int e = 0; e < hd; e += 16) {
-            v16 acc[NQ][4];  // partial sums over keys j = 0, 1, 2, 3 mod 4
-            for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = splat(0.f);
-            for (int j = 0; j < jend; j += 4) {
-                const float* vr = Vv + (size_t)(lo + j) * d + h * hd + e;
-                v16 v0 = ld(vr), v1 = ld(vr + d), v2 = ld(vr + 2 * d), v3 = ld(vr + 3 * d);
-                for (int i = 0; i < NQ; i++) {
-                    const float* sc = scores + i * span + j;
-                    acc[i][0] += splat(sc[0]) * v0; acc[i][1] += splat(sc[1]) * v1;
-                    acc[i][2] += splat(sc[2]) * v2; acc[i][3] += splat(sc[3]) * v3;
-                }
-            }
-            for (int i = 0; i < NQ; i++)
-                st(out + (size_t)i * ldo + h * hd + e, ((acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3])) * inv[i]);
-        }
+        for (int e = 0; e < hd; e += 16)
+            for (int i0 = 0; i0 < NQ; i0 += 4)
+                weighted_sum<(NQ < 4 ? NQ : 4)>(NQ - i0, scores + i0 * span, span, Vv + (size_t)lo * d + h * hd + e,
+                                                 d, jend, inv + i0, out + (size_t)i0 * ldo + h * hd + e, ldo);
     }
 }
 
 // attention for n queries whose windows start at lo[i] and end at hi[i], heads h0..h1-1: runs of
-// queries with the same start go through attend_group four at a time
+// queries with the same start go through attend_group eight at a time
 static void attend(const float* q, int ldq, int n, const int* lo, const int* hi, const float* KT, int ldk,
                    const float* Vv, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
     int i = 0;
     while (i < n) {
         int m = 1;
-        while (i + m < n && m < 4 && lo[i + m] == lo[i]) m++;
+        while (i + m < n && m < 8 && lo[i + m] == lo[i]) m++;
         const float* qi = q + (size_t)i * ldq;
         float* oi = out + (size_t)i * ldo;
         switch (m) {
+            case 8: attend_group<8>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 7: attend_group<7>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 6: attend_group<6>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 5: attend_group<5>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
             case 4: attend_group<4>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
             case 3: attend_group<3>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
             case 2: attend_group<2>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
@@ -245,8 +315,8 @@ extern "C" size_t engine_work_floats(int B, int d, int ff, int f) {
     return (size_t)B * MAXK * (7 * d + ff + V + f) + (size_t)B * (3 * d + V);
 }
 
-static float* scores_buffer(const Engine* E) {  // one per thread: 4 queries' scores
-    return (float*)std::malloc(4 * (2 * E->L + E->n_src + 64) * sizeof(float));
+static float* scores_buffer(const Engine* E) {  // one per thread: 8 queries' scores
+    return (float*)std::malloc(8 * (2 * E->L + E->n_src + 64) * sizeof(float));
 }
 
 // Attention of the n queries (rows of q, stride ldq) of each of m images over that image's keys
@@ -300,7 +370,7 @@ static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* 
     for (int r = 0; r < R; r++) layer_norm(w.x + (size_t)r * d, E->layers[0].ln1_w, E->layers[0].ln1_b, w.xn + (size_t)r * d, d);
     for (int li = 0; li < E->n_layers; li++) {
         const Layer& Ly = E->layers[li];
-        linear(w.xn, d, R, Ly.qkv_w, 3 * d, Ly.qkv_b, w.qkv, 3 * d, d, 3 * d);
+        linear(w.xn, d, R, Ly.qkv_w, Ly.qkv_b, w.qkv, 3 * d, d, 3 * d);
         #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
             int i = r / n, b = imgs[i], slot = (pos0[i] + r % n) % (3 * E->L);
@@ -312,16 +382,16 @@ static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* 
             }
         }
         attention(E, m, imgs, n, pos0, w.qkv, 3 * d, E->k_cache[li], E->v_cache[li], CL, true, w.att, scores);
-        linear(w.att, d, R, Ly.out_w, d, Ly.out_b, w.xn, d, d, d);
+        linear(w.att, d, R, Ly.out_w, Ly.out_b, w.xn, d, d, d);
         residual_norm(R, d, w.x, w.xn, Ly.ln2_w, Ly.ln2_b, w.xn);
-        linear(w.xn, d, R, Ly.cq_w, d, Ly.cq_b, w.qkv, d, d, d);
+        linear(w.xn, d, R, Ly.cq_w, Ly.cq_b, w.qkv, d, d, d);
         attention(E, m, imgs, n, pos0, w.qkv, d, E->enc_k[li], E->enc_v[li], E->n_src, false, w.att, scores);
-        linear(w.att, d, R, Ly.cout_w, d, Ly.cout_b, w.xn, d, d, d);
+        linear(w.att, d, R, Ly.cout_w, Ly.cout_b, w.xn, d, d, d);
         residual_norm(R, d, w.x, w.xn, Ly.ln3_w, Ly.ln3_b, w.xn);
-        linear(w.xn, d, R, Ly.up_w, ff, Ly.up_b, w.hid, ff, d, ff);
+        linear(w.xn, d, R, Ly.up_w, Ly.up_b, w.hid, ff, d, ff);
         #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) gelu(w.hid + (size_t)r * ff, ff);
-        linear(w.hid, ff, R, Ly.down_w, d, Ly.down_b, w.xn, d, ff, d);
+        linear(w.hid, ff, R, Ly.down_w, Ly.down_b, w.xn, d, ff, d);
         if (li + 1 < E->n_layers)  // the next layer's first norm, or the decoder's final one
             residual_norm(R, d, w.x, w.xn, E->layers[li + 1].ln1_w, E->layers[li + 1].ln1_b, w.xn);
         else
@@ -341,7 +411,7 @@ static inline const float* offset_row(const float* table, int row, int ref) {
 static void p1_logits(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* h, float* z,
                       int shift = 0) {
     const int R = m * n;
-    linear(h, E->d, R, E->lm_w, V, nullptr, z, V, E->d, V);
+    linear(h, E->d, R, E->lm_w, nullptr, z, V, E->d, V);
     if (!E->has_lr_prior) return;
     #pragma omp for schedule(static)
     for (int r = 0; r < R; r++) {
@@ -410,12 +480,12 @@ static void draft(const Engine* E, int m, const int* imgs, const float* hs, cons
     const int kh = k < G + 1 ? k : G + 1;  // a block longer than the model's heads keeps the rest as is
     if (kh == 1) return;
     const int P = (kh - 1) * f;
-    linear(hs, d, m, E->heads_up_w, G * f, E->heads_up_b, w.pre, P, d, P);
+    linear(hs, d, m, E->heads_up_w, E->heads_up_b, w.pre, P, d, P);
     #pragma omp for schedule(static)
     for (int i = 0; i < m; i++) gelu(w.pre + (size_t)i * P, P);
     for (int g = 0; g < kh - 1; g++) {
         // group g reads hidden chunks 0..g (the nested matrix), plus the residual
-        linear(w.pre, P, m, E->heads_down_w + g * d, G * d, E->heads_down_b + g * d, w.hz, d, (g + 1) * f, d);
+        linear(w.pre, P, m, E->heads_down_w.at(g * d), E->heads_down_b + g * d, w.hz, d, (g + 1) * f, d);
         #pragma omp for schedule(static)
         for (int i = 0; i < m; i++) {
             for (int c = 0; c < d; c++) w.hz[(size_t)i * d + c] += hs[(size_t)i * d + c];

@@ -36,19 +36,23 @@ _F = ctypes.POINTER(ctypes.c_float)
 _I64 = ctypes.POINTER(ctypes.c_int64)
 
 
+class _Mat(ctypes.Structure):  # a weight matrix in panels of 16 columns, float32 or bfloat16 (engine.cpp's Mat)
+    _fields_ = [("p", ctypes.c_void_p), ("bf16", ctypes.c_int), ("rows", ctypes.c_int)]
+
+
 class _Layer(ctypes.Structure):
-    _fields_ = [(n, _F) for n in ("ln1_w", "ln1_b", "qkv_w", "qkv_b", "out_w", "out_b",
-                                  "ln2_w", "ln2_b", "cq_w", "cq_b", "cout_w", "cout_b",
-                                  "ln3_w", "ln3_b", "up_w", "up_b", "down_w", "down_b")]
+    _fields_ = ([(n, _F) for n in ("ln1_w", "ln1_b", "qkv_b", "out_b", "ln2_w", "ln2_b", "cq_b", "cout_b",
+                                   "ln3_w", "ln3_b", "up_b", "down_b")]
+                + [(n, _Mat) for n in ("qkv_w", "out_w", "cq_w", "cout_w", "up_w", "down_w")])
 
 
 class _Engine(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_int) for n in ("d", "H", "L", "ff", "n_layers", "G", "f",
                                              "has_lr_prior", "has_nbr_prior", "nbr_draft")]
                 + [("layers", ctypes.POINTER(_Layer))]
-                + [(n, _F) for n in ("tgt_emb", "dec_ln_w", "dec_ln_b", "lm_w", "heads_up_w", "heads_up_b",
-                                     "heads_down_w", "heads_down_b", "heads_ln_w", "heads_ln_b",
-                                     "lr_prior", "nbr_prior")]
+                + [(n, _F) for n in ("tgt_emb", "dec_ln_w", "dec_ln_b")]
+                + [(n, _Mat) for n in ("lm_w", "heads_up_w", "heads_down_w")]
+                + [(n, _F) for n in ("heads_up_b", "heads_down_b", "heads_ln_w", "heads_ln_b", "lr_prior", "nbr_prior")]
                 + [("B", ctypes.c_int), ("cache_len", ctypes.c_int),
                    ("k_cache", ctypes.POINTER(_F)), ("v_cache", ctypes.POINTER(_F)),
                    ("enc_k", ctypes.POINTER(_F)), ("enc_v", ctypes.POINTER(_F)), ("n_src", ctypes.c_int),
@@ -149,8 +153,10 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 
 
 class Weights:
-    """A model's weights in the engine's layout (float32; linear weights transposed, in x out),
-    packed once and shared by every batch decoded with the model."""
+    """A model's weights in the engine's layout (float32; linear weights transposed, in x out, in
+    panels of 16 columns, and kept in bfloat16 where every entry is a bfloat16 value already: the
+    same numbers, half the bytes to stream), packed once and shared by every batch decoded with
+    the model."""
 
     def __init__(self, model: ImageTransformerSR):
         why = supports(model)
@@ -165,29 +171,38 @@ class Weights:
             keep.append(t)
             return _ptr(t)
 
+        def mat(w):  # a linear layer's weight (out, in) as (in, out) in panels of 16 columns
+            t = _f32(w.t())
+            rows, cols = t.shape
+            t = t.reshape(rows, cols // 16, 16).transpose(0, 1).contiguous()
+            if torch.equal(t.to(torch.bfloat16).to(torch.float32), t):
+                t = t.to(torch.bfloat16)
+            keep.append(t)
+            return _Mat(t.data_ptr(), int(t.dtype == torch.bfloat16), rows)
+
         layers = (_Layer * cfg.n_dec_layers)()
         for L, layer in zip(layers, model.decoder):
             a, c, ffn = layer.self_attn, layer.cross_attn, layer.ff
             L.ln1_w, L.ln1_b = f(layer.ln1.weight), f(layer.ln1.bias)
-            L.qkv_w, L.qkv_b = f(a.qkv.weight, True), f(a.qkv.bias)
-            L.out_w, L.out_b = f(a.out.weight, True), f(a.out.bias)
+            L.qkv_w, L.qkv_b = mat(a.qkv.weight), f(a.qkv.bias)
+            L.out_w, L.out_b = mat(a.out.weight), f(a.out.bias)
             L.ln2_w, L.ln2_b = f(layer.ln2.weight), f(layer.ln2.bias)
-            L.cq_w, L.cq_b = f(c.q.weight, True), f(c.q.bias)
-            L.cout_w, L.cout_b = f(c.out.weight, True), f(c.out.bias)
+            L.cq_w, L.cq_b = mat(c.q.weight), f(c.q.bias)
+            L.cout_w, L.cout_b = mat(c.out.weight), f(c.out.bias)
             L.ln3_w, L.ln3_b = f(layer.ln3.weight), f(layer.ln3.bias)
-            L.up_w, L.up_b = f(ffn.up.weight, True), f(ffn.up.bias)
-            L.down_w, L.down_b = f(ffn.down.weight, True), f(ffn.down.bias)
+            L.up_w, L.up_b = mat(ffn.up.weight), f(ffn.up.bias)
+            L.down_w, L.down_b = mat(ffn.down.weight), f(ffn.down.bias)
         e = _Engine()
         e.d, e.H, e.L, e.ff, e.n_layers = cfg.d_model, cfg.n_heads, cfg.block_len, cfg.d_ff, cfg.n_dec_layers
         e.layers = layers
         e.tgt_emb, e.dec_ln_w, e.dec_ln_b = f(model.tgt_emb.weight), f(model.dec_ln.weight), f(model.dec_ln.bias)
-        e.lm_w = f(model.lm_head.weight, True)
+        e.lm_w = mat(model.lm_head.weight)
         heads = model.heads
         if heads is not None:
             e.G, e.f = heads.G, heads.f
             down = heads.down.weight if heads.premasked else heads.down.weight * heads.tri_mask.to(heads.down.weight.dtype)
-            e.heads_up_w, e.heads_up_b = f(heads.up.weight, True), f(heads.up.bias)
-            e.heads_down_w, e.heads_down_b = f(down, True), f(heads.down.bias)
+            e.heads_up_w, e.heads_up_b = mat(heads.up.weight), f(heads.up.bias)
+            e.heads_down_w, e.heads_down_b = mat(down), f(heads.down.bias)
             e.heads_ln_w = f(torch.stack([n.weight for n in heads.norms]))
             e.heads_ln_b = f(torch.stack([n.bias for n in heads.norms]))
             if heads.nbr_prior is not None:

@@ -19,9 +19,13 @@ def _image(seed, B=2):
     return src, tgt, torch.cat([torch.full((B, 1), -1), tgt[:, :-1]], 1)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_engine_states_and_logits_match_the_torch_model(seed):
-    m = make_tiny(seed).double()
+@pytest.mark.parametrize("seed, bf16_weights", [(0, False), (1, True)])
+def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights):
+    """bf16_weights: every weight a bfloat16 value (a model trained in bf16), which the engine
+    keeps in bfloat16: the same numbers in half the bytes."""
+    m = make_tiny(seed)
+    m = (m.to(torch.bfloat16) if bf16_weights else m).double()
+    assert engine.packed(m).struct.lm_w.bf16 == int(bf16_weights)
     src, tgt, prev = _image(seed)
     with torch.no_grad():
         full = m(src, tgt)
