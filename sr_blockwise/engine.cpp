@@ -19,11 +19,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <immintrin.h>
 
 typedef float v16 __attribute__((vector_size(64)));
 static inline v16 ld(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
 static inline void st(float* p, v16 v) { std::memcpy(p, &v, 64); }
-static inline v16 splat(float x) { return v16{} + x; }
+static inline v16 splat(float x) { return (v16)_mm512_set1_ps(x); }
 typedef int32_t vi16 __attribute__((vector_size(64)));
 
 // e^x for x <= 88, ~1 ulp: 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial
@@ -87,13 +88,10 @@ struct Engine {
 
 // ---------------------------------------------------------------- kernels
 
-typedef uint16_t vh16 __attribute__((vector_size(32)));
-typedef uint32_t vu16 __attribute__((vector_size(64)));
 static inline v16 ld_weights(const float* p) { return ld(p); }
 static inline v16 ld_weights(const uint16_t* p) {  // 16 bfloat16 -> float32 (exact: the high half)
-    vh16 h; std::memcpy(&h, p, 32);
-    vu16 u = __builtin_convertvector(h, vu16) << 16;
-    v16 f; std::memcpy(&f, &u, 64); return f;
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+    return (v16)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
 
 // y[r, 0:16*NC] = b + x[r, 0:K] @ W[0:K, 0:16*NC] for NR rows (W: NC panels, `panel` elements
