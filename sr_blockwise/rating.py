@@ -164,7 +164,8 @@ def parse_conditions(specs, frozen: str = FROZEN, finetuned: str = FINETUNED) ->
             try:
                 opts = DecodeOptions.parse(one)
             except ValueError as e:
-                raise StudyError(f"condition {spec!r}: {e}; or real (the photo)") from None
+                photo = "; or real, the photo" if str(e).startswith("unknown decode mode") else ""
+                raise StudyError(f"condition {spec!r}: {e}{photo}") from None
             if not 1 <= opts.k <= 16:
                 raise StudyError(f"condition {spec!r}: k={opts.k} is outside 1..16")
             w = ref.strip() or (frozen if opts.mode == "greedy" else finetuned)
