@@ -154,9 +154,10 @@ class DecodeOptions:
         return ":".join(parts)
 
     @classmethod
-    def parse(cls, spec: str, k: int | None = None) -> "DecodeOptions":
-        """A decode-mode spec (see SPEC_HELP) -> DecodeOptions. k: the block size where the spec
-        gives none (e.g. from a separate --k list). Raises ValueError naming what is wrong."""
+    def parse(cls, spec: str, k: int | None = None, prior_weight: float | None = None) -> "DecodeOptions":
+        """A decode-mode spec (see SPEC_HELP) -> DecodeOptions. k, prior_weight: the block size and
+        input guidance where the spec gives none (e.g. from a separate --k list or --prior-weight
+        flag). Raises ValueError naming what is wrong."""
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(f"empty decode mode: use {SPEC_HELP}")
         head, *settings = [p.strip() for p in spec.strip().split(":")]
@@ -214,6 +215,8 @@ class DecodeOptions:
             fields["prior_weight"] = number("w", given["w"])
             if fields["prior_weight"] < 0:
                 raise ValueError(f"decode mode {spec!r}: w (the input guidance) must be >= 0")
+        elif prior_weight is not None:
+            fields["prior_weight"] = float(prior_weight)
         if name == "sample":
             if "T" not in given:
                 raise ValueError(f"decode mode {spec!r}: sample needs a temperature, e.g. {spec}:T=0.8")

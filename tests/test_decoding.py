@@ -349,6 +349,9 @@ def test_spec_grammar_examples_and_messages():
     parse = DecodeOptions.parse
     assert parse("greedy") == DecodeOptions(k=1) == parse("exact:k=1") == parse("greedy", k=6)
     assert parse("exact:k=6") == DecodeOptions(k=6) == parse("exact", k=6) == parse("exact:k=6", k=2)
+    # a caller's k and guidance fill in what the spec leaves out, never what it says
+    assert parse("eps=2", k=4, prior_weight=2.0) == DecodeOptions(k=4, rule="eps", eps=2, prior_weight=2.0)
+    assert parse("eps=2:k=6:w=3", k=4, prior_weight=2.0) == DecodeOptions(k=6, rule="eps", eps=2, prior_weight=3.0)
     assert parse("eps=2:k=6:w=2.5") == DecodeOptions(k=6, rule="eps", eps=2, prior_weight=2.5)
     assert parse("eps-window=2:k=6").propose == "window"
     assert parse("Top_K=3:k=4") == parse("topk=3:k=4") == DecodeOptions(k=4, rule="topk", top_k=3)
