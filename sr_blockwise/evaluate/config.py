@@ -1,0 +1,154 @@
+"""What an evaluation run measures: the modes (`exact`, `eps=2`, ...), the weights given on the
+command line, and EvalConfig, the run's settings."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..decoding import DecodeOptions
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str  # canonical label: exact, eps=2, top-k=3, min-block=2, oracle, greedy
+    rule: str = "exact"
+    eps: int = 0
+    top_k: int = 1
+    min_block: int = 1
+    propose: str = "argmax"  # eps-window=E: the heads propose window centres (decoding.window_centre)
+
+    def options(self, k: int, prior_weight: float = 1.0) -> DecodeOptions:
+        return DecodeOptions(k=k, rule=self.rule, eps=self.eps, top_k=self.top_k, min_block=self.min_block,
+                             propose=self.propose, prior_weight=prior_weight)
+
+
+def parse_mode(text: str) -> Mode:
+    """greedy | exact | oracle | eps=E | eps-window=E | top-k=N | min-block=N (min-block uses the
+    exact rule; eps-window is the eps rule with window-centre proposals)."""
+    t = text.strip().lower().replace("_", "-")
+    if t in ("greedy", "exact", "oracle"):
+        return Mode(t, rule="oracle" if t == "oracle" else "exact")
+    name, eq, val = t.partition("=")
+    if not eq or not val.strip().lstrip("-").isdigit():
+        raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, eps-window=E, top-k=N or min-block=N")
+    v = int(val)
+    if name == "eps":
+        if v < 0:
+            raise ValueError(f"mode {text!r}: eps must be >= 0")
+        return Mode(f"eps={v}", rule="eps", eps=v)
+    if name == "eps-window":
+        if v < 1:
+            raise ValueError(f"mode {text!r}: eps-window needs eps >= 1")
+        return Mode(f"eps-window={v}", rule="eps", eps=v, propose="window")
+    if name in ("top-k", "topk"):
+        if v < 1:
+            raise ValueError(f"mode {text!r}: top-k must be >= 1")
+        return Mode(f"top-k={v}", rule="topk", top_k=v)
+    if name in ("min-block", "minblock"):
+        if v < 1:
+            raise ValueError(f"mode {text!r}: min-block must be >= 1")
+        return Mode(f"min-block={v}", rule="exact", min_block=v)
+    raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, eps-window=E, top-k=N or min-block=N")
+
+
+def parse_list(text, kind=str) -> list:
+    """'2,4,6' or ['2,4', '6'] -> [2, 4, 6]."""
+    parts = [text] if isinstance(text, str) else list(text)
+    out = [p.strip() for s in parts for p in str(s).split(",") if p.strip()]
+    try:
+        return [kind(p) for p in out]
+    except ValueError:
+        raise ValueError(f"could not read {text!r} as a comma-separated list") from None
+
+
+def weights_spec(spec: str) -> tuple[str, str | None]:
+    """NAME_OR_PATH[:frozen|:fine-tuned] -> (name_or_path, variant or None)."""
+    head, sep, tail = spec.rpartition(":")
+    if sep and tail.lower().replace("_", "-") in ("frozen", "fine-tuned", "finetuned"):
+        return head, "frozen" if tail.lower() == "frozen" else "fine-tuned"
+    return spec, None
+
+
+def weights_name(path: Path) -> str:
+    """What a weights file is called in the report: shipped weights by their name, a training
+    checkpoint by its run folder too (every run's checkpoint is called last.pt)."""
+    return f"{path.parent.name}/{path.stem}" if path.suffix == ".pt" else path.stem
+
+
+def infer_variant(name: str, meta: dict) -> str | None:
+    """Which column of Table 2 weights belong to: from the name, else the card's training stage."""
+    n = name.lower().replace("_", "-")
+    if "finetun" in n or "fine-tun" in n:
+        return "fine-tuned"
+    if "frozen" in n:
+        return "frozen"
+    stage = str(meta.get("stage", "")).lower()
+    return {"finetune": "fine-tuned", "heads": "frozen", "base": "frozen"}.get(stage)
+
+
+@dataclass
+class EvalConfig:
+    weights: list[str] = field(default_factory=lambda: ["cpu-frozen", "cpu-finetuned"])
+    data: str | None = None  # default: the project's data (SR_BLOCKWISE_DATA), held-out test split
+    n_images: int = 500
+    limit: int | None = None  # smoke tests: at most this many images
+    first: int = 0  # skip this many test faces: a run in parts (merged with --merge)
+    ks: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
+    modes: list[str] = field(default_factory=lambda: ["exact", "eps=2"])
+    batch_size: int = 1  # the paper's Figure 4 is at batch 1
+    dtype: str = "bf16"
+    device: str = "cpu"
+    threads: int = 0  # 0: torch's default
+    out: str = "results"
+    json_path: str | None = None  # default OUT/results.json
+    perceptual: str = "auto"  # auto | lpips | stlpips | stlpips-vgg | none
+    uncached_prefix: int = 64  # tokens of the real no-cache decoder to run (see time_uncached_greedy)
+    # exact modes: decode only the first N images for real (timing, identity, quality); block
+    # statistics of all images come from the replay (decoding.exact_block_stats). None: decode all
+    decode_exact: int | None = None
+    # other modes (eps, top-k, ...): decode only the first N images (they cannot be replayed)
+    decode_approx: int | None = None
+    grid_images: int = 6
+    progress: bool = True
+    # finished decode batches are saved here (None: nowhere); with resume=True, batches already
+    # there are read back instead of decoded again, so a stopped run goes on where it was
+    cache_dir: str | None = None
+    resume: bool = False
+    # input guidance of every decode (decoding.DecodeOptions.prior_weight); 1: the model as trained.
+    # bits/dim are always the model's as trained
+    prior_weight: float = 1.0
+
+    def command(self) -> str:
+        """The command line that reproduces this run."""
+        a = ["sr-blockwise", "evaluate", "--weights", *self.weights]
+        if self.data:
+            a += ["--data", str(self.data)]
+        if self.first:
+            a += ["--first", str(self.first)]
+        a += ["--n-images", str(self.n_images)]
+        if self.limit is not None:
+            a += ["--limit", str(self.limit)]
+        a += ["--k", ",".join(map(str, self.ks)), "--modes", ",".join(self.modes),
+              "--batch-size", str(self.batch_size), "--dtype", self.dtype, "--device", self.device]
+        if self.threads:
+            a += ["--threads", str(self.threads)]
+        if self.decode_exact is not None:
+            a += ["--decode-exact", str(self.decode_exact)]
+        if self.decode_approx is not None:
+            a += ["--decode-approx", str(self.decode_approx)]
+        a += ["--uncached-prefix", str(self.uncached_prefix)]
+        a += ["--perceptual", self.perceptual, "--out", str(self.out)]
+        a += ["--cache-dir", str(self.cache_dir) if self.cache_dir else "none"]
+        if self.resume:
+            a += ["--resume"]
+        if self.json_path:
+            a += ["--json", str(self.json_path)]
+        if self.prior_weight != 1:
+            a += ["--prior-weight", f"{self.prior_weight:g}"]
+        return shlex.join(a)
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
