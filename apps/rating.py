@@ -195,17 +195,18 @@ def register(sub) -> None:
     b = rs.add_parser("build", help="decode the study faces once per condition into a study folder (resumable)")
     b.add_argument("study", help="study folder to create or finish")
     b.add_argument("--conditions", nargs="+", default=DEFAULT_CONDITIONS,
-                   help="greedy[@W] | exact:k=K[,K..][@W] | eps=E:k=K[,K..][@W] | real "
-                        "(default: the paper's Table 3 conditions and the real photo)")
+                   help="decode modes in the project's grammar, K may be a list, then @W: greedy[@W] | "
+                        "exact:k=K[,K..][@W] | eps=E:k=K[,K..][@W] | sample:k=K:T=T[@W] | ... (:w=G: input "
+                        "guidance), or real (default: the paper's Table 3 conditions and the real photo)")
     b.add_argument("--compare", nargs="+", default=None,
                    help="'baseline' (default: every condition against the first), 'all', or 'A vs B' items")
     b.add_argument("--frozen", default=FROZEN, help="weights for greedy without @W")
-    b.add_argument("--finetuned", default=FINETUNED, help="weights for k>1 without @W")
+    b.add_argument("--finetuned", default=FINETUNED, help="weights for every other mode without @W")
     b.add_argument("--data", default=None, help="faces: .npz, CelebA folder or photo folder")
     b.add_argument("--split", default="test", choices=["train", "val", "test", "all"])
     b.add_argument("--faces", type=int, default=100, help="faces rated per comparison")
     b.add_argument("--practice", type=int, default=3, help="extra faces for practice trials")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, help="picks the faces, and each sampled face's seed")
     b.add_argument("--question", default=DEFAULT_QUESTION)
     b.add_argument("--batch-size", type=int, default=16)
     b.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

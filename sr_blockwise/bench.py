@@ -141,21 +141,17 @@ def decode_table(model: ImageTransformerSR, lr: np.ndarray, ks=(2, 6, 10),
             r = decode(model, lr, opts, engine=engine)
             mb = float(np.mean([s.mean_block for s in r.stats]))
             sec = r.seconds / len(lr)
-            rows.append({"engine": r.extra["engine"], "mode": mode, "k": k, "s_per_image": sec,
+            rows.append({"engine": r.extra["engine"], "mode": mode, "k": opts.k, "s_per_image": sec,
                          "images_per_s": 1 / sec, "calls": float(np.mean([st.calls for st in r.stats])),
                          "mean_block": mb, "speedup": g_s / sec, "of_ideal": (g_s / sec) / mb,
-                         "same_as_greedy": bool(np.array_equal(r.images, g.images)) if mode == "exact" else None})
+                         "same_as_greedy": bool(np.array_equal(r.images, g.images)) if opts.is_exact else None})
     return rows
 
 
 def parse_mode(mode: str, k: int, prior_weight: float) -> DecodeOptions:
-    if mode == "exact":
-        return DecodeOptions(k=k, prior_weight=prior_weight)
-    if mode == "oracle":
-        return DecodeOptions(k=k, rule="oracle", prior_weight=prior_weight)
-    if mode.startswith("eps="):
-        return DecodeOptions(k=k, rule="eps", eps=int(mode.split("=")[1]), prior_weight=prior_weight)
-    raise ValueError(f"unknown bench mode {mode!r}: exact, oracle or eps=N")
+    """A mode in the decode-mode grammar (decoding.DecodeOptions.parse), k and the input guidance
+    filled in where it gives none."""
+    return DecodeOptions.parse(mode, k=k, prior_weight=prior_weight)
 
 
 def decoder_flops_per_token(cfg) -> float:

@@ -27,7 +27,8 @@ def register(subparsers) -> None:
                         "-n 244 in two sittings, then --merge")
     p.add_argument("--k", default="2,4,6,8,10", help="block sizes, comma separated")
     p.add_argument("--modes", default="exact,eps=2",
-                   help="comma separated: greedy, exact, eps=E, top-k=N, min-block=N, oracle "
+                   help="comma separated modes of the decode-mode grammar, without settings (k from --k): "
+                        "greedy, exact, eps=E, eps-window=E, top-k=N, min-block=N, oracle "
                         "(greedy, with and without KV cache, always runs first)")
     p.add_argument("--batch-size", type=int, default=1, help="images per decode call (the paper: 1)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])

@@ -18,6 +18,8 @@ batch it was decoded in.
 """
 from __future__ import annotations
 
+import math
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -31,6 +33,27 @@ from .model import SEQ_LEN, ImageTransformerSR
 
 RULES = ("exact", "eps", "topk", "oracle")
 PROPOSALS = ("argmax", "window")
+
+# One grammar for decode modes, read by the upscale options, evaluate, bench-decode and the rating
+# tool:   MODE[:k=K][:min-block=N][:w=G][:T=T][:seed=S]
+# MODE is greedy (k=1), exact, oracle, eps=E, eps-window=E, top-k=N, min-block=N (the exact rule,
+# at least N tokens a call) or sample (temperature T > 0; k > 1 is speculative sampling). k: block
+# size; min-block=N after eps / top-k / oracle; w: input guidance (prior_weight, default 1); T and
+# seed: sampling only. Settings come in any order; every mode but greedy needs k (a caller may
+# fill it in: DecodeOptions.parse(spec, k=6)). DecodeOptions.spec writes the one canonical form:
+# DecodeOptions.parse(o.spec) == o.
+SPEC_MODES = ("greedy", "exact", "oracle", "sample", "eps=E", "eps-window=E", "top-k=N", "min-block=N")
+SPEC_HELP = ("MODE[:k=K][:min-block=N][:w=G][:T=T][:seed=S] with MODE one of " + ", ".join(SPEC_MODES)
+             + " (e.g. exact:k=6, eps=2:k=6:w=2, sample:k=4:T=0.8)")
+_MODE_ALIASES = {"topk": "top-k", "minblock": "min-block", "epswindow": "eps-window"}
+_KEYS = {"k": "k", "w": "w", "t": "T", "seed": "seed", "min-block": "min-block", "minblock": "min-block"}
+_INT = re.compile(r"[+-]?\d+")
+
+
+def _spec_number(x: float) -> str:
+    """The shortest text that reads back as exactly x: 2.0 -> '2', 0.8 -> '0.8'."""
+    s = f"{x:g}"
+    return s if float(s) == x else repr(float(x))
 
 
 @dataclass
@@ -56,33 +79,160 @@ class DecodeOptions:
     # Exact mode equals greedy decoding at the same weight.
     prior_weight: float = 1.0
 
+    def validate(self) -> None:
+        """Raise ValueError naming what is wrong with these options on any model (check() adds
+        the model's limits). A setting that would change nothing is refused too, so that every
+        valid DecodeOptions has exactly one spec."""
+        if self.k < 1:
+            raise ValueError(f"k={self.k}: the block size must be >= 1")
+        if self.rule not in RULES:
+            raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
+        if self.propose not in PROPOSALS:
+            raise ValueError(f"unknown proposal {self.propose!r}; choose from {PROPOSALS}")
+        if self.eps < 0:
+            raise ValueError(f"eps must be >= 0 intensity levels, got {self.eps}")
+        if self.eps != 0 and self.rule != "eps":
+            raise ValueError(f"eps={self.eps} is the eps rule's tolerance; the {self.rule} rule would ignore it")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_k != 1 and self.rule != "topk":
+            raise ValueError(f"top_k={self.top_k} is the topk rule's setting; the {self.rule} rule would ignore it")
+        if not 1 <= self.min_block <= self.k:
+            raise ValueError(f"min_block must be in 1..k={self.k}, got {self.min_block}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
+        if self.temperature > 0 and (self.rule != "exact" or self.min_block != 1 or self.propose != "argmax"):
+            raise ValueError("sampling (temperature > 0) accepts by speculative sampling's own rule, which keeps "
+                             "the samples' distribution: use the exact rule, min_block 1, argmax proposals")
+        if self.seed != 0 and self.temperature == 0:
+            raise ValueError(f"seed={self.seed} is for sampling (temperature > 0); greedy and blockwise "
+                             f"decoding draw nothing")
+        if self.propose == "window" and self.rule != "eps":
+            raise ValueError("window proposals are for the eps rule (they aim within eps levels)")
+        if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
+            raise ValueError(f"prior_weight must be a number >= 0, got {self.prior_weight}")
+
     def check(self, model: ImageTransformerSR) -> None:
+        self.validate()
         K = model.cfg.n_blockwise
         if not 1 <= self.k <= K:
             raise ValueError(f"k={self.k}: this model has {K} blockwise heads, so k must be in 1..{K}")
-        if self.rule not in RULES:
-            raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
-        if self.eps < 0:
-            raise ValueError(f"eps must be >= 0 intensity levels, got {self.eps}")
-        if self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if not 1 <= self.min_block <= self.k:
-            raise ValueError(f"min_block must be in 1..k={self.k}, got {self.min_block}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.temperature > 0 and self.k > 1 and (self.rule != "exact" or self.min_block != 1
-                                                     or self.propose != "argmax"):
-            raise ValueError("sampling with k > 1 accepts by speculative sampling's own rule, which keeps "
-                             "the samples' distribution: use the exact rule, min_block 1, argmax proposals")
-        if self.propose not in PROPOSALS:
-            raise ValueError(f"unknown proposal {self.propose!r}; choose from {PROPOSALS}")
-        if self.prior_weight < 0:
-            raise ValueError(f"prior_weight must be >= 0, got {self.prior_weight}")
         if self.prior_weight != 1 and model.lr_prior is None:
             raise ValueError("prior_weight needs a model with the learned input prior (lr_prior); "
                              "this model has none: use prior_weight=1")
-        if self.propose == "window" and self.rule != "eps":
-            raise ValueError("window proposals are for the eps rule (they aim within eps levels)")
+
+    @property
+    def mode(self) -> str:
+        """The spec's MODE part: greedy, exact, oracle, sample, eps=E, eps-window=E, top-k=N or
+        min-block=N."""
+        self.validate()
+        if self.temperature > 0:
+            return "sample"
+        if self.rule == "eps":
+            return f"eps-window={self.eps}" if self.propose == "window" else f"eps={self.eps}"
+        if self.rule == "topk":
+            return f"top-k={self.top_k}"
+        if self.rule == "oracle":
+            return "oracle"
+        if self.min_block > 1:
+            return f"min-block={self.min_block}"
+        return "greedy" if self.k == 1 else "exact"
+
+    @property
+    def spec(self) -> str:
+        """These options in the decode-mode grammar (canonical: DecodeOptions.parse(o.spec) == o)."""
+        mode = self.mode
+        parts = [mode] if mode == "greedy" else [mode, f"k={self.k}"]
+        if self.min_block > 1 and not mode.startswith("min-block="):
+            parts.append(f"min-block={self.min_block}")
+        if self.prior_weight != 1:
+            parts.append(f"w={_spec_number(self.prior_weight)}")
+        if self.temperature > 0:
+            parts.append(f"T={_spec_number(self.temperature)}")
+            if self.seed != 0:
+                parts.append(f"seed={self.seed}")
+        return ":".join(parts)
+
+    @classmethod
+    def parse(cls, spec: str, k: int | None = None, prior_weight: float | None = None) -> "DecodeOptions":
+        """A decode-mode spec (see SPEC_HELP) -> DecodeOptions. k, prior_weight: the block size and
+        input guidance where the spec gives none (e.g. from a separate --k list or --prior-weight
+        flag). Raises ValueError naming what is wrong."""
+        if not isinstance(spec, str) or not spec.strip():
+            raise ValueError(f"empty decode mode: use {SPEC_HELP}")
+        head, *settings = [p.strip() for p in spec.strip().split(":")]
+        name, eq, value = head.lower().replace("_", "-").partition("=")
+        name = _MODE_ALIASES.get(name.replace("-", ""), name)
+
+        def whole(key, text):
+            if not _INT.fullmatch(text.strip()):
+                raise ValueError(f"decode mode {spec!r}: {key}={text} is not a whole number")
+            return int(text)
+
+        def number(key, text):
+            try:
+                x = float(text)
+            except ValueError:
+                x = float("nan")
+            if not math.isfinite(x):
+                raise ValueError(f"decode mode {spec!r}: {key}={text} is not a number")
+            return x
+
+        fields = {}
+        if name in ("greedy", "exact", "oracle", "sample") and not eq:
+            fields["rule"] = "oracle" if name == "oracle" else "exact"
+        elif name in ("eps", "eps-window", "top-k", "min-block") and eq:
+            v = whole(name, value)
+            if v < (1 if name in ("top-k", "min-block") else 0):
+                raise ValueError(f"decode mode {spec!r}: {name} must be >= {1 if name in ('top-k', 'min-block') else 0}")
+            fields.update({"eps": {"rule": "eps", "eps": v}, "eps-window": {"rule": "eps", "eps": v, "propose": "window"},
+                           "top-k": {"rule": "topk", "top_k": v}, "min-block": {"rule": "exact", "min_block": v}}[name])
+        else:
+            raise ValueError(f"unknown decode mode {head!r} in {spec!r}: use {SPEC_HELP}")
+        given = {}
+        for item in settings:
+            key, eq, value = item.partition("=")
+            key = _KEYS.get(key.strip().lower())
+            if not eq or key is None:
+                raise ValueError(f"decode mode {spec!r}: unknown setting {item!r}; use k=K, w=G, T=T, seed=S "
+                                 f"or min-block=N")
+            if key in given or (key == "min-block" and "min_block" in fields):
+                raise ValueError(f"decode mode {spec!r}: {key} is given twice")
+            given[key] = value.strip()
+        if "k" in given:
+            fields["k"] = whole("k", given["k"])
+        elif name == "greedy":
+            fields["k"] = 1
+        elif k is not None:
+            fields["k"] = int(k)
+        else:
+            raise ValueError(f"decode mode {spec!r}: say the block size, e.g. {head}:k=6")
+        if name == "greedy" and fields["k"] != 1:
+            raise ValueError(f"decode mode {spec!r}: greedy decodes one token per call (k=1); use exact:k={fields['k']}")
+        if "min-block" in given:
+            fields["min_block"] = whole("min-block", given["min-block"])
+        if "w" in given:
+            fields["prior_weight"] = number("w", given["w"])
+            if fields["prior_weight"] < 0:
+                raise ValueError(f"decode mode {spec!r}: w (the input guidance) must be >= 0")
+        elif prior_weight is not None:
+            fields["prior_weight"] = float(prior_weight)
+        if name == "sample":
+            if "T" not in given:
+                raise ValueError(f"decode mode {spec!r}: sample needs a temperature, e.g. {spec}:T=0.8")
+            fields["temperature"] = number("T", given["T"])
+            if fields["temperature"] <= 0:
+                raise ValueError(f"decode mode {spec!r}: sampling needs T > 0 (T=0 is greedy decoding)")
+            if "seed" in given:
+                fields["seed"] = whole("seed", given["seed"])
+        elif "T" in given or "seed" in given:
+            raise ValueError(f"decode mode {spec!r}: T and seed are for the sample mode ({name} draws nothing)")
+        opts = cls(**fields)
+        try:
+            opts.validate()
+        except ValueError as e:
+            raise ValueError(f"decode mode {spec!r}: {e}") from None
+        return opts
 
     @property
     def is_exact(self) -> bool:
@@ -535,16 +685,12 @@ DEFAULT_PRIOR_WEIGHT = 2.0
 
 def options_for(mode: str, k: int = 6, eps: int = 2, temperature: float = 1.0, seed: int = 0,
                 prior_weight: float = 1.0) -> DecodeOptions:
-    """The user-facing modes: greedy (k=1), exact (blockwise, identical to greedy),
-    approx (blockwise, accept within eps levels), sample (temperature sampling; k > 1 by
-    speculative sampling, with plain sampling's distribution); all at the given input-prior weight."""
-    w = prior_weight
-    if mode == "greedy":
-        return DecodeOptions(k=1, prior_weight=w)
-    if mode == "exact":
-        return DecodeOptions(k=k, rule="exact", prior_weight=w)
-    if mode == "approx":
-        return DecodeOptions(k=k, rule="eps", eps=eps, prior_weight=w)
-    if mode == "sample":
-        return DecodeOptions(k=k, temperature=temperature, seed=seed, prior_weight=w)
-    raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    """The user-facing modes (upscale's --mode and its flags, the demo, Upscaler.options), as
+    decode-mode specs: greedy (k=1), exact (exact:k=K, identical to greedy), approx (eps=E:k=K),
+    sample (sample:k=K:T=T:seed=S; k > 1 by speculative sampling, with plain sampling's
+    distribution); all at the given input-prior weight (w=G)."""
+    spec = {"greedy": "greedy", "exact": f"exact:k={k}", "approx": f"eps={eps}:k={k}",
+            "sample": f"sample:k={k}:T={temperature}:seed={seed}"}.get(mode)
+    if spec is None:
+        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    return DecodeOptions.parse(f"{spec}:w={prior_weight}")

@@ -75,38 +75,54 @@ def app_version() -> str:
 
 @dataclass(frozen=True)
 class Condition:
-    rule: str  # greedy | exact | eps | real | broken
-    k: int = 1
-    eps: int = 0
+    spec: str  # decode mode (decoding.DecodeOptions.spec), or real / broken: photos, not decoded
     weights: str = ""  # weights label ("" for real / broken)
-    prior_weight: float = 1.0  # input guidance (decoding.DecodeOptions.prior_weight); 1: as trained
 
     @property
-    def name(self) -> str:
-        if self.rule in ("real", "broken"):
-            return self.rule
-        mode = {"greedy": "greedy", "exact": "exact"}.get(self.rule, f"eps={self.eps}")
-        return (mode + ("" if self.rule == "greedy" else f":k={self.k}")
-                + ("" if self.prior_weight == 1 else f":w={self.prior_weight:g}") + f"@{self.weights}")
-
-    @property
-    def mode(self) -> str:
-        """The Table 3 column: exact or eps=E (greedy for k=1 greedy)."""
-        return {"greedy": "greedy", "exact": "exact"}.get(self.rule, f"eps={self.eps}")
+    def decoded(self) -> bool:
+        return self.spec not in ("real", "broken")
 
     def options(self):
         from .decoding import DecodeOptions
-        if self.rule == "greedy":
-            return DecodeOptions(k=1, prior_weight=self.prior_weight)
-        return DecodeOptions(k=self.k, rule=self.rule, eps=self.eps, prior_weight=self.prior_weight)
+        return DecodeOptions.parse(self.spec)
+
+    @property
+    def name(self) -> str:
+        return f"{self.spec}@{self.weights}" if self.decoded else self.spec
+
+    @property
+    def rule(self) -> str:
+        """greedy | exact | eps | topk | oracle | sample | real | broken: how the image is made."""
+        if not self.decoded:
+            return self.spec
+        o = self.options()
+        return "sample" if o.temperature > 0 else "greedy" if o.mode == "greedy" else o.rule
+
+    @property
+    def mode(self) -> str:
+        """The spec's MODE (DecodeOptions.mode): greedy, exact, eps=E, sample, ... (Table 3's columns)."""
+        return self.options().mode if self.decoded else self.spec
+
+    @property
+    def k(self) -> int:
+        return self.options().k if self.decoded else 1
+
+    @property
+    def eps(self) -> int:
+        return self.options().eps if self.decoded else 0
+
+    @property
+    def prior_weight(self) -> float:
+        return self.options().prior_weight if self.decoded else 1.0
+
+    @property
+    def temperature(self) -> float:
+        return self.options().temperature if self.decoded else 0.0
 
     @classmethod
     def from_name(cls, name: str) -> "Condition":
         (c,), _ = parse_conditions([name])
         return c
-
-
-_SPEC = re.compile(r"^(greedy|exact|eps=(\d+))(?::k=([0-9,]+))?(?::w=([0-9.]+))?(?:@(.+))?$")
 
 
 def weights_label(ref: str) -> str:
@@ -117,43 +133,47 @@ def weights_label(ref: str) -> str:
     return ref
 
 
+def _expand_k(mode: str) -> list[str]:
+    """'exact:k=2,4,6' -> ['exact:k=2', 'exact:k=4', 'exact:k=6'] (a study's list of block sizes)."""
+    parts = mode.split(":")
+    at = [i for i, p in enumerate(parts) if p.strip().lower().startswith("k=") and "," in p]
+    if not at:
+        return [mode]
+    i = at[0]
+    return [":".join(parts[:i] + [f"k={k.strip()}"] + parts[i + 1:]) for k in parts[i][2:].split(",") if k.strip()]
+
+
 def parse_conditions(specs, frozen: str = FROZEN, finetuned: str = FINETUNED) -> tuple[list[Condition], dict]:
     """Condition specs -> (conditions, {weights label: weights name or path}).
-    greedy[@W] | exact:k=K[,K..][@W] | eps=E:k=K[,K..][@W] | real. Without @W, greedy uses the
-    frozen weights and k>1 the fine-tuned ones (the paper's comparison). A decoded condition may
-    say its input guidance before @W: greedy:w=2, eps=2:k=6:w=2 (default 1, the model as trained)."""
+    A condition is a decode mode in the project's grammar (decoding.DecodeOptions.parse:
+    greedy, exact:k=K, eps=E:k=K, sample:k=K:T=T, ... with :w=G for input guidance), K may be a
+    list (exact:k=2,4,6), then @W for the weights; or `real`, the photo. Without @W, greedy uses
+    the frozen weights and every other mode the fine-tuned ones (the paper's comparison; sampling
+    at k=1 and k>1 on the same weights, so both have the same distribution)."""
+    from .decoding import DecodeOptions
     conds, refs = [], {}
     for spec in specs:
         spec = spec.strip()
         if spec == "real":
             conds.append(Condition("real"))
             continue
-        m = _SPEC.match(spec)
-        if not m:
-            raise StudyError(f"unknown condition {spec!r}: use greedy[:w=G][@W], exact:k=K[:w=G][@W], "
-                             f"eps=E:k=K[:w=G][@W] or real (K may be a list: k=2,4,6; G: input guidance)")
-        mode, eps, ks, w, ref = m.groups()
-        try:
-            w = 1.0 if w is None else float(w)
-        except ValueError:
-            raise StudyError(f"{spec!r}: w={w} is not a number (the input guidance, e.g. w=2)") from None
-        rule = "eps" if eps is not None else mode
-        ks = [int(x) for x in ks.split(",") if x] if ks else [1]
-        if rule == "greedy" and ks != [1]:
-            raise StudyError(f"{spec!r}: greedy decodes one token per call (k=1); use exact:k=K")
-        if rule != "greedy" and m.group(3) is None:
-            raise StudyError(f"{spec!r}: say the block size, e.g. {mode}:k=6")
-        if eps is not None and not 0 <= int(eps) <= 255:
-            raise StudyError(f"{spec!r}: eps must be in 0..255 intensity levels")
-        ref = ref or (frozen if rule == "greedy" else finetuned)
-        label = weights_label(ref)
-        if refs.get(label, ref) != ref:
-            raise StudyError(f"two different weights are both labelled {label!r}: {refs[label]} and {ref}")
-        refs[label] = ref
-        for k in ks:
-            if not 1 <= k <= 16:
-                raise StudyError(f"{spec!r}: k={k} is outside 1..16")
-            conds.append(Condition(rule, k, int(eps or 0), label, w))
+        mode, at, ref = spec.partition("@")
+        if at and not ref.strip():
+            raise StudyError(f"condition {spec!r}: say the weights after @ (a name in weights/ or a .json path)")
+        for one in _expand_k(mode):
+            try:
+                opts = DecodeOptions.parse(one)
+            except ValueError as e:
+                photo = "; or real, the photo" if str(e).startswith("unknown decode mode") else ""
+                raise StudyError(f"condition {spec!r}: {e}{photo}") from None
+            if not 1 <= opts.k <= 16:
+                raise StudyError(f"condition {spec!r}: k={opts.k} is outside 1..16")
+            w = ref.strip() or (frozen if opts.mode == "greedy" else finetuned)
+            label = weights_label(w)
+            if refs.get(label, w) != w:
+                raise StudyError(f"two different weights are both labelled {label!r}: {refs[label]} and {w}")
+            refs[label] = w
+            conds.append(Condition(opts.spec, label))
     names = [c.name for c in conds]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -163,11 +183,19 @@ def parse_conditions(specs, frozen: str = FROZEN, finetuned: str = FINETUNED) ->
     return conds, refs
 
 
+def sample_seeds(study_seed: int, name: str, n: int) -> list[int]:
+    """decode's sampling seed for each of a sampled condition's n faces: from the study seed, the
+    condition's name and the face, so every condition draws its own, independent samples (two
+    samplers with the same distribution compared on shared noise would not be a fair 50% test)."""
+    return [int.from_bytes(hashlib.sha256(f"{study_seed}:{name}:{j}".encode()).digest()[:8], "little") >> 1
+            for j in range(n)]
+
+
 def parse_comparisons(compare, conds: list[Condition], frozen=FROZEN, finetuned=FINETUNED) -> list[tuple[str, str]]:
     """compare: "baseline" (every condition against the first; the real photo against it too),
     "all" (every pair), or a list of "A vs B" (preference is reported for A)."""
     names = [c.name for c in conds]
-    model = [c.name for c in conds if c.rule != "real"]
+    model = [c.name for c in conds if c.decoded]
     if compare in (None, "baseline", ["baseline"]):
         if not model:
             raise StudyError("the study needs at least one decoded condition")
@@ -292,13 +320,20 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
 
     dirs = {"real": "images/real", "broken": "images/broken"}
     for i, c in enumerate(conds):
-        if c.rule != "real":
+        if c.decoded:
             dirs[c.name] = f"images/c{i:02d}_{_slug(c.name)}"
+    # sampled conditions: decode's seed for every face, so that the images can be rebuilt bit for bit
+    seeds = {c.name: sample_seeds(seed, c.name, need) for c in conds if c.rule == "sample"}
+
+    def described(c: Condition) -> dict:
+        # prior_weight only where it is not 1 and the sampling fields only for samples: studies
+        # built before those existed keep their manifest and id
+        return ({"name": c.name, "rule": c.rule, "k": c.k, "eps": c.eps, "weights": c.weights, "dir": dirs[c.name]}
+                | ({"prior_weight": c.prior_weight} if c.prior_weight != 1 else {})
+                | ({"temperature": c.temperature, "seeds": seeds[c.name]} if c.name in seeds else {}))
+
     settings = {
-        # prior_weight only where it is not 1: studies built before it existed keep their manifest and id
-        "conditions": [{"name": c.name, "rule": c.rule, "k": c.k, "eps": c.eps, "weights": c.weights,
-                        "dir": dirs[c.name]} | ({"prior_weight": c.prior_weight} if c.prior_weight != 1 else {})
-                       for c in conds],
+        "conditions": [described(c) for c in conds],
         "comparisons": [list(p) for p in comparisons],
         "weights": weights,
         "question": question.strip(),
@@ -326,7 +361,7 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
         write_png(folder / dirs["broken"] / f"{j:04d}.png", broken_image(images[j], seed * 7919 + j))
 
     todo = [(c, [j for j in range(need) if not (folder / dirs[c.name] / f"{j:04d}.png").exists()])
-            for c in conds if c.rule != "real"]
+            for c in conds if c.decoded]
     if threads:
         torch.set_num_threads(threads)
     models = {}
@@ -339,7 +374,8 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
             if c.weights not in models:
                 models[c.weights] = load_model(paths[c.weights])
             bar.set_postfix_str(c.name)
-            res = decode(models[c.weights], downsample_8(images[idx]), c.options())
+            res = decode(models[c.weights], downsample_8(images[idx]), c.options(),
+                         seeds=[seeds[c.name][j] for j in idx] if c.name in seeds else None)
             for j, img, st in zip(idx, res.images, res.stats):
                 write_png(folder / dirs[c.name] / f"{j:04d}.png", img)
                 stats[str(j)] = {"mean_block": st.mean_block, "calls": st.calls}
@@ -355,7 +391,7 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
     decode_stats = {}
     for c in conds:
         sp = folder / dirs.get(c.name, "") / "stats.json"
-        if c.rule != "real" and sp.exists():
+        if c.decoded and sp.exists():
             st = json.loads(sp.read_text())
             vals = [st[str(j)]["mean_block"] for j in range(n_faces) if str(j) in st]
             decode_stats[c.name] = {"mean_block": float(np.mean(vals)) if vals else None}
@@ -860,10 +896,10 @@ def table3(res: dict) -> str:
     Rows are comparisons of a k>1 condition (A) against k=1 greedy (B)."""
     cols, rows = {}, {}  # cols: column key -> the paper's numbers apply (neither side guided)
     for c in res["comparisons"]:
-        try:
-            a, b = Condition.from_name(c["a"]), Condition.from_name(c["b"])
-        except StudyError:
+        pair = _conditions(c)
+        if pair is None:
             continue
+        a, b = pair
         if a.rule not in ("exact", "eps") or b.rule != "greedy":
             continue
         # guided conditions get their own columns, without the paper's numbers (it had no guidance)
@@ -888,6 +924,47 @@ def table3(res: dict) -> str:
             cells.append(_cell(rows[k][key]) if key in rows[k] else "—")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
+
+
+def _conditions(c):
+    try:
+        return Condition.from_name(c["a"]), Condition.from_name(c["b"])
+    except StudyError:
+        return None
+
+
+def fooled_table(res: dict) -> str:
+    """% fooled: for each model output compared with the real photo, the share of judgments that
+    picked the model's image, with its interval, beside the Image Transformer paper's ~36% (its
+    study rated samples at temperature 0.8-1.0: the number is shown beside such rows only)."""
+    out = [f"| model output | % fooled [{res['level']:.0%} CI] (judgments) | Image Transformer paper |",
+           "|---|---:|---:|"]
+    for c in res["comparisons"]:
+        if "real" not in (c["a"], c["b"]) or not c["n"]:
+            continue
+        model = c["b"] if c["a"] == "real" else c["a"]
+        rate, (lo, hi) = c["rate"], c["ci"]
+        if c["a"] == "real":  # preference was for the photo: fooled is the other side
+            rate, lo, hi = 1 - rate, 1 - hi, 1 - lo
+        try:
+            m = Condition.from_name(model)
+            comparable = m.rule == "sample" and 0.8 <= m.temperature <= 1.0
+        except StudyError:
+            comparable = False
+        paper = f"~{PAPER_FOOLED:.0f}" if comparable else "—"
+        out.append(f"| {model} | {_pct(rate)} [{_pct(lo)}, {_pct(hi)}] ({c['n']}) | {paper} |")
+    if len(out) == 2:
+        return "(no comparison of a model output against the real photo in this study)\n"
+    return "\n".join(out) + "\n"
+
+
+def same_distribution(a: Condition, b: Condition) -> bool:
+    """Two sampled conditions that differ only in k: speculative and plain sampling of the same
+    model at the same temperature and guidance draw from the same distribution."""
+    if a.rule != "sample" or b.rule != "sample" or a.weights != b.weights:
+        return False
+    oa, ob = a.options(), b.options()
+    return (oa.temperature, oa.prior_weight) == (ob.temperature, ob.prior_weight)
 
 
 def report_markdown(res: dict) -> str:
@@ -919,12 +996,25 @@ def report_markdown(res: dict) -> str:
         p = "—" if c["p_binomial"] != c["p_binomial"] else f"{c['p_binomial']:.3g}"
         lines.append(f"| {c['a']} vs {c['b']} | {_pct(c['rate'])} | [{_pct(c['ci'][0])}, {_pct(c['ci'][1])}] "
                      f"| {p} | {_pct(c['left_rate'])} | {c['n']} | {c['raters']} | {c['images']} | {ident} |")
-    fooled = [c for c in res["comparisons"] if c["b"] == "real" and c["n"]]
-    lines.append("")
-    for c in fooled:
-        lines.append(f"Fooled: raters picked {c['a']} over the real photo in {_pct(c['rate'])}% "
-                     f"[{_pct(c['ci'][0])}, {_pct(c['ci'][1])}] of {c['n']} pairs (Image Transformer paper: "
-                     f"about {PAPER_FOOLED:.0f}%, sampled at temperature 0.8-1.0, not greedy).")
+    lines += ["", f"## % fooled: model output against the real photo, {pct_level} bootstrap CI", "",
+              fooled_table(res),
+              f"Image Transformer paper: raters fooled about {PAPER_FOOLED:.0f}% of the time by its samples at "
+              f"temperature 0.8-1.0 (its own model and raters); shown beside our samples at such temperatures only. "
+              f"50% would mean raters cannot tell the model's faces from photos.", ""]
+    checks = []
+    for c in res["comparisons"]:
+        pair = _conditions(c)
+        if pair and same_distribution(*pair):
+            p = "—" if c["p_binomial"] != c["p_binomial"] else f"{c['p_binomial']:.3g}"
+            checks.append(f"- {c['a']} vs {c['b']}: {_cell(c)}, binomial p = {p}")
+    if checks:
+        lines += ["## Check of the method: samples of one distribution", "",
+                  "These sampled conditions differ only in k (or their seed): speculative sampling (k > 1) "
+                  "and plain sampling (k = 1) of the same model at the same temperature and guidance. "
+                  "Their images differ (each face's "
+                  "sample is drawn with its own seed), their distribution does not, so the expected "
+                  "preference is 50%; an interval that excludes 50% would point at a fault.", ""]
+        lines += checks + [""]
     lf = res["left"]
     p = "—" if lf["p_binomial"] != lf["p_binomial"] else f"{lf['p_binomial']:.3g}"
     lines += ["", f"Left-side bias: the left image was chosen in {_pct(lf['rate'])}% of {lf['n']} "

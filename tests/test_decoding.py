@@ -291,3 +291,92 @@ def test_prior_weight_is_refused_where_it_means_nothing():
         decode(make_tiny(0, lr_prior=False).for_inference(torch.float32), lr, DecodeOptions(prior_weight=2.0))
     with pytest.raises(ValueError, match="prior_weight"):
         decode(make_tiny(0).for_inference(torch.float32), lr, DecodeOptions(prior_weight=-1.0))
+
+
+# ---------------------------------------------------------------- the decode-mode grammar
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from sr_blockwise.decoding import RULES, PROPOSALS  # noqa: E402
+
+_numbers = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def valid_options(draw):
+    """Every kind of valid DecodeOptions: each mode, with or without guidance, min_block, seeds."""
+    k = draw(st.integers(1, 16))
+    w = draw(st.one_of(st.just(1.0), _numbers))
+    kind = draw(st.sampled_from(["exact", "eps", "window", "topk", "oracle", "sample"]))
+    if kind == "sample":
+        return DecodeOptions(k=k, temperature=draw(_numbers.filter(lambda t: t > 0)),
+                         seed=draw(st.integers(-2**62, 2**62)), prior_weight=w)
+    mb = draw(st.integers(1, k))
+    fields = {"exact": {}, "oracle": {"rule": "oracle"}, "eps": {"rule": "eps", "eps": draw(st.integers(0, 255))},
+              "window": {"rule": "eps", "eps": draw(st.integers(0, 255)), "propose": "window"},
+              "topk": {"rule": "topk", "top_k": draw(st.integers(1, 256))}}[kind]
+    return DecodeOptions(k=k, min_block=mb, prior_weight=w, **fields)
+
+
+@settings(max_examples=400, deadline=None)
+@given(valid_options())
+def test_spec_round_trips(opts):
+    spec = opts.spec
+    assert DecodeOptions.parse(spec) == opts
+    assert DecodeOptions.parse(spec.upper()) == opts  # names and keys in any case
+    assert DecodeOptions.parse(spec).spec == spec
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.builds(DecodeOptions, k=st.integers(-1, 17), rule=st.sampled_from(RULES + ("beam",)),
+                 eps=st.integers(-1, 3), top_k=st.integers(0, 3), min_block=st.integers(0, 4),
+                 temperature=st.one_of(st.just(0.0), st.floats(-1, 2)), seed=st.integers(-2, 2),
+                 propose=st.sampled_from(PROPOSALS), prior_weight=st.one_of(st.just(1.0), st.floats(-1, 3))))
+def test_any_options_are_refused_with_a_reason_or_round_trip(opts):
+    """Options with a setting that changes nothing (eps outside the eps rule, a seed without a
+    temperature...) or out of range are refused; every other one has a spec that reads back."""
+    try:
+        opts.validate()
+    except ValueError as e:
+        assert str(e)
+        with pytest.raises(ValueError):
+            opts.spec
+        return
+    assert DecodeOptions.parse(opts.spec) == opts
+
+
+def test_spec_grammar_examples_and_messages():
+    parse = DecodeOptions.parse
+    assert parse("greedy") == DecodeOptions(k=1) == parse("exact:k=1") == parse("greedy", k=6)
+    assert parse("exact:k=6") == DecodeOptions(k=6) == parse("exact", k=6) == parse("exact:k=6", k=2)
+    # a caller's k and guidance fill in what the spec leaves out, never what it says
+    assert parse("eps=2", k=4, prior_weight=2.0) == DecodeOptions(k=4, rule="eps", eps=2, prior_weight=2.0)
+    assert parse("eps=2:k=6:w=3", k=4, prior_weight=2.0) == DecodeOptions(k=6, rule="eps", eps=2, prior_weight=3.0)
+    assert parse("eps=2:k=6:w=2.5") == DecodeOptions(k=6, rule="eps", eps=2, prior_weight=2.5)
+    assert parse("eps-window=2:k=6").propose == "window"
+    assert parse("Top_K=3:k=4") == parse("topk=3:k=4") == DecodeOptions(k=4, rule="topk", top_k=3)
+    assert parse("min-block=2:k=4") == DecodeOptions(k=4, min_block=2) == parse("exact:min-block=2:k=4")
+    assert parse("oracle:k=4").rule == "oracle"
+    # sample: settings in any order; k=1 is plain sampling, k>1 speculative
+    s = parse("sample:T=0.8:k=4:seed=7")
+    assert s == DecodeOptions(k=4, temperature=0.8, seed=7) and s.spec == "sample:k=4:T=0.8:seed=7"
+    assert parse("sample:k=1:T=1").spec == "sample:k=1:T=1"
+    assert DecodeOptions(k=6, prior_weight=2.0).spec == "exact:k=6:w=2"
+    assert options_for("sample", 4, 2, 0.8, 3, 2.0) == parse("sample:k=4:w=2:T=0.8:seed=3")
+    assert options_for("approx", 6, 2) == parse("eps=2:k=6") and options_for("greedy", 6) == parse("greedy")
+    for bad, msg in [("", "empty"), ("beam:k=2", "unknown decode mode 'beam'"), ("exact", "block size"),
+                     ("greedy:k=3", "greedy decodes one token"), ("eps=x:k=2", "eps=x is not a whole number"),
+                     ("eps=-1:k=2", "eps must be >= 0"), ("top-k=0:k=2", "top-k must be >= 1"),
+                     ("exact:k=2.5", "k=2.5 is not a whole number"), ("exact:k=0", "block size must be >= 1"),
+                     ("exact:k=2:q=1", "unknown setting 'q=1'"), ("exact:k=2:k=3", "k is given twice"),
+                     ("sample:k=4", "needs a temperature"), ("sample:k=4:T=0", "T > 0"),
+                     ("sample:k=4:T=hot", "T=hot is not a number"), ("exact:k=4:T=0.8", "for the sample mode"),
+                     ("greedy:seed=3", "for the sample mode"), ("min-block=5:k=2", "min_block must be in 1..k=2"),
+                     ("exact:k=2:w=-1", "input guidance"), ("exact:k=2:w=inf", "not a number"),
+                     ("exact:k=2:min-block=1:min-block=2", "given twice")]:
+        with pytest.raises(ValueError, match=msg):
+            parse(bad)
+    with pytest.raises(ValueError, match="eps rule's tolerance"):
+        DecodeOptions(k=4, eps=2).spec
+    with pytest.raises(ValueError, match="seed=3 is for sampling"):
+        decode(make_tiny(0), np.zeros((8, 8, 3), np.uint8), DecodeOptions(k=1, seed=3))

@@ -26,8 +26,12 @@ def test_parse_mode():
     assert not ev.parse_mode("eps=2").options(6).is_exact
     w = ev.parse_mode("eps-window=2").options(6)
     assert (w.rule, w.eps, w.propose) == ("eps", 2, "window")
-    for bad in ("fast", "eps", "eps=x", "eps=-1", "top-k=0", "min-block=0", "eps-window=0"):
-        with pytest.raises(ValueError):
+    assert ev.parse_mode("eps-window=0").options(6).is_exact  # window proposals at eps 0: argmax ones
+    for bad, msg in [("fast", "unknown mode 'fast'"), ("eps", "unknown mode"),
+                     ("eps=x", "not a whole number"), ("eps=-1", "eps must be >= 0"), ("top-k=0", "top-k must be >= 1"),
+                     ("min-block=0", "min-block must be >= 1"), ("exact:k=4", "k comes from --k"),
+                     ("sample", "not sampling")]:
+        with pytest.raises(ValueError, match=msg):
             ev.parse_mode(bad)
 
 

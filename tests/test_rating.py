@@ -58,7 +58,7 @@ def test_conditions_and_comparisons():
     assert c.name == "exact:k=4@my-weights" and refs["my-weights"] == "/x/y/my-weights.json"
     assert rating.parse_comparisons(["exact:k=2 vs greedy"], rating.parse_conditions(
         ["greedy", "exact:k=2"])[0]) == [("exact:k=2@cpu-finetuned", "greedy@cpu-frozen")]
-    for bad, msg in [(["greedy:k=3"], "greedy decodes one token"), (["beam:k=2"], "unknown condition"),
+    for bad, msg in [(["greedy:k=3"], "greedy decodes one token"), (["beam:k=2"], "unknown decode mode 'beam'"),
                      (["exact"], "block size"), (["greedy", "greedy"], "listed twice")]:
         with pytest.raises(StudyError, match=msg):
             rating.parse_conditions(bad)
@@ -247,11 +247,11 @@ def test_concurrent_raters(study_copy):
 
 # ---------------------------------------------------------------- analysis
 
-def _synthetic(p_true=0.7, n_raters=30, n_images=60, bad=3, seed=1):
-    """Raters judging exact:k=6 vs greedy with a known preference; `bad` raters fail attention
-    checks and always pick greedy."""
+def _synthetic(p_true=0.7, n_raters=30, n_images=60, bad=3, seed=1,
+               a="exact:k=6@cpu-finetuned", b="greedy@cpu-frozen"):
+    """Raters judging a (default exact:k=6) vs b (greedy) with a known preference for a; `bad`
+    raters fail attention checks and always pick b."""
     rng = np.random.default_rng(seed)
-    a, b = "exact:k=6@cpu-finetuned", "greedy@cpu-frozen"
     rows, t = [], 0
     for i in range(n_raters + bad):
         rater = f"r{i}"
@@ -306,7 +306,7 @@ def test_analyze_command_on_study(study_copy, tmp_path, capsys):
                      "--boot", "200"]) == 0
     out = capsys.readouterr().out
     assert f"Human rating study {st.study_id}" in out and "eps=255:k=10@tiny-random vs greedy@tiny-random" in out
-    assert "Fooled: raters picked greedy@tiny-random over the real photo" in out
+    assert re.search(r"\| greedy@tiny-random \| [0-9.]+ \[[0-9.]+, [0-9.]+\] \(8\) \| — \|", out)  # % fooled
     assert "| 10 | — |" in out  # Table 3 row for k=10 (eps=255 has no paper number)
     assert len(csv_path.read_text().splitlines()) == 1 + 2 * len(st.plan(0))
     assert md_path.read_text().strip() == out.strip()
@@ -473,3 +473,82 @@ def test_guided_conditions_decode_at_their_prior_weight(tiny_weights, celeba_npz
         {"a": "eps=2:k=6@m", "b": "greedy@m", "n": 10, "rate": 0.6, "ci": [0.4, 0.8]}]}
     table = rating.table3(res)
     assert "eps=2:w=2" in table and "| 6 | — | 50.0 [30.0, 70.0] (n=10) | 56.8 | 60.0 [40.0, 80.0]" in table, table
+
+
+# ---------------------------------------------------------------- sampled conditions
+
+def test_sample_conditions_in_the_decode_mode_grammar():
+    """sample:k=K:T=T[@W] conditions: settings in any order, a list of k, the fine-tuned weights
+    by default for both plain (k=1) and speculative sampling, clear messages for bad ones."""
+    from sr_blockwise.decoding import DecodeOptions
+    conds, refs = rating.parse_conditions(["greedy", "sample:T=0.8:k=1,4", "sample:k=4:T=1:seed=2:w=2@x", "real"])
+    assert [c.name for c in conds] == ["greedy@cpu-frozen", "sample:k=1:T=0.8@cpu-finetuned",
+                                       "sample:k=4:T=0.8@cpu-finetuned", "sample:k=4:w=2:T=1:seed=2@x", "real"]
+    assert [c.rule for c in conds] == ["greedy", "sample", "sample", "sample", "real"]
+    assert conds[2].options() == DecodeOptions(k=4, temperature=0.8)
+    assert rating.Condition.from_name(conds[3].name) == conds[3] and refs["x"] == "x"
+    assert rating.same_distribution(conds[1], conds[2]) and not rating.same_distribution(conds[2], conds[3])
+    for bad, msg in [(["sample:k=4"], "needs a temperature"), (["sample:k=4:T=0"], "T > 0"),
+                     (["sample:k=4:T=0.8@"], "say the weights"), (["exact:k=4:T=0.8"], "for the sample mode"),
+                     (["sample:k=17:T=1"], "outside 1..16")]:
+        with pytest.raises(StudyError, match=msg):
+            rating.parse_conditions(bad)
+
+
+def test_sampled_study_holds_the_library_samples_and_rebuilds_identically(tiny_weights, celeba_npz, tmp_path):
+    """A study of plain and speculative samples: each face's seed is in the manifest, its image is
+    what the library samples for that seed, the two samplers' images differ, and the study built
+    again in another folder is identical, image for image and in its id. (Sampling runs on the
+    PyTorch step: two faces keep this short.)"""
+    from sr_blockwise.checkpoints import load_model
+    from sr_blockwise.data import downsample_8, load_faces
+    from sr_blockwise.decoding import decode
+    conds = [f"greedy@{tiny_weights}", f"sample:k=1:T=0.8@{tiny_weights}", f"sample:k=4:T=0.8@{tiny_weights}"]
+    args = dict(data=celeba_npz, n_faces=1, n_practice=1, seed=5, threads=1, progress=False, log=lambda *a: None)
+    rating.build_study(tmp_path / "a", conds, **args)
+    st = rating.open_study(tmp_path / "a")
+    plain, spec = "sample:k=1:T=0.8@tiny-random", "sample:k=4:T=0.8@tiny-random"
+    assert st.comparisons == [(plain, "greedy@tiny-random"), (spec, "greedy@tiny-random")]
+    by_name = {c["name"]: c for c in st.manifest["settings"]["conditions"]}
+    seeds = {n: by_name[n]["seeds"] for n in (plain, spec)}
+    assert by_name[spec]["temperature"] == 0.8 and "seeds" not in by_name["greedy@tiny-random"]
+    assert len(seeds[plain]) == 2 and len(set(seeds[plain] + seeds[spec])) == 4  # independent draws
+    model = load_model(tiny_weights)
+    test = load_faces(celeba_npz, part="test")
+    ids = [f["input_id"] for f in st.manifest["settings"]["faces"]]
+    lr = downsample_8(test.images[[list(test.ids).index(i) for i in ids]])
+    for name in (plain, spec):
+        want = decode(model, lr, rating.Condition.from_name(name).options(), seeds=seeds[name]).images
+        np.testing.assert_array_equal(st.images[name], want)
+    assert not np.array_equal(st.images[plain], st.images[spec])
+    assert not np.array_equal(st.images[plain], st.images["greedy@tiny-random"])
+    assert st.manifest["decode"][spec]["mean_block"] >= 1 and st.manifest["decode"][plain]["mean_block"] == 1
+    again = rating.build_study(tmp_path / "b", conds, **args)
+    assert again["study_id"] == st.study_id and again["files"] == st.manifest["files"]
+    assert again["settings"] == st.manifest["settings"]
+
+
+def test_analysis_reports_percent_fooled_and_the_speculative_check():
+    """Simulated raters fooled 36% of the time by samples, 20% by greedy outputs, and unable to
+    tell speculative from plain samples: the report recovers each, "% fooled" beside the Image
+    Transformer paper's ~36% (for the T=0.8 samples only) and the 50% check of the method."""
+    sample, plain, greedy = "sample:k=4:T=0.8@cpu-finetuned", "sample:k=1:T=0.8@cpu-finetuned", "greedy@cpu-frozen"
+    rows, comps = [], []
+    for i, (a, b, p) in enumerate([(sample, "real", 0.36), ("real", greedy, 0.8), (sample, plain, 0.5)]):
+        r, c = _synthetic(p_true=p, n_raters=20, bad=0, seed=10 + i, a=a, b=b)
+        off = len(rows)
+        rows += [dict(x, id=x["id"] + off, trial=x["trial"] + off, rater=f"{x['rater']}-{i}") for x in r]
+        comps += c
+    res = rating.analyze_judgments(rows, comps, n_boot=500)
+    fooled, photo, check = res["comparisons"]
+    for c, want in ((fooled, 0.36), (photo, 0.8), (check, 0.5)):
+        assert c["ci"][0] < want < c["ci"][1] and c["n"] == 20 * 40, c
+    md = rating.report_markdown(res)
+    row = re.search(r"\| sample:k=4:T=0.8@cpu-finetuned \| ([0-9.]+) \[([0-9.]+), ([0-9.]+)\] \(800\) \| ~36 \|", md)
+    assert row and abs(float(row.group(1)) - 100 * fooled["rate"]) < 0.051, md
+    # the photo named first: fooled is the other side of its preference
+    row = re.search(r"\| greedy@cpu-frozen \| ([0-9.]+) \[([0-9.]+), ([0-9.]+)\] \(800\) \| — \|", md)
+    assert row and abs(float(row.group(1)) - 100 * (1 - photo["rate"])) < 0.051, md
+    assert float(row.group(2)) < 20 < float(row.group(3))
+    assert "## Check of the method" in md and f"- {sample} vs {plain}: " in md
+    assert "(no comparison of a k>1 condition against greedy" in md  # samples are not Table 3 rows

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..decoding import DecodeOptions
+from ..model import SEQ_LEN
 
 
 @dataclass(frozen=True)
@@ -26,32 +27,23 @@ class Mode:
 
 
 def parse_mode(text: str) -> Mode:
-    """greedy | exact | oracle | eps=E | eps-window=E | top-k=N | min-block=N (min-block uses the
-    exact rule; eps-window is the eps rule with window-centre proposals)."""
-    t = text.strip().lower().replace("_", "-")
-    if t in ("greedy", "exact", "oracle"):
-        return Mode(t, rule="oracle" if t == "oracle" else "exact")
-    name, eq, val = t.partition("=")
-    if not eq or not val.strip().lstrip("-").isdigit():
-        raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, eps-window=E, top-k=N or min-block=N")
-    v = int(val)
-    if name == "eps":
-        if v < 0:
-            raise ValueError(f"mode {text!r}: eps must be >= 0")
-        return Mode(f"eps={v}", rule="eps", eps=v)
-    if name == "eps-window":
-        if v < 1:
-            raise ValueError(f"mode {text!r}: eps-window needs eps >= 1")
-        return Mode(f"eps-window={v}", rule="eps", eps=v, propose="window")
-    if name in ("top-k", "topk"):
-        if v < 1:
-            raise ValueError(f"mode {text!r}: top-k must be >= 1")
-        return Mode(f"top-k={v}", rule="topk", top_k=v)
-    if name in ("min-block", "minblock"):
-        if v < 1:
-            raise ValueError(f"mode {text!r}: min-block must be >= 1")
-        return Mode(f"min-block={v}", rule="exact", min_block=v)
-    raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, eps-window=E, top-k=N or min-block=N")
+    """A MODE of the project's decode-mode grammar (decoding.DecodeOptions.parse) without settings,
+    which --k and --prior-weight fill in: greedy | exact | oracle | eps=E | eps-window=E (the eps
+    rule with window-centre proposals) | top-k=N | min-block=N (the exact rule)."""
+    head, colon, _ = str(text).strip().partition(":")
+    if colon:
+        raise ValueError(f"mode {text!r}: give the mode alone ({head}); k comes from --k and the input "
+                         f"guidance from --prior-weight")
+    if head.strip().lower() == "sample":
+        raise ValueError(f"mode {text!r}: evaluate measures greedy and blockwise decoding, not sampling")
+    try:
+        o = DecodeOptions.parse(head, k=SEQ_LEN)  # a stand-in k: the modes are crossed with --k
+    except ValueError as e:
+        if str(e).startswith("unknown decode mode"):
+            raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, eps-window=E, top-k=N "
+                             f"or min-block=N") from None
+        raise ValueError(f"mode {text!r}: {e}") from None
+    return Mode(o.mode, rule=o.rule, eps=o.eps, top_k=o.top_k, min_block=o.min_block, propose=o.propose)
 
 
 def parse_list(text, kind=str) -> list:
