@@ -284,11 +284,6 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
 
 # ---------------------------------------------------------------- single images
 
-def load_input(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
-    """A file -> (8x8x3 input, 32x32 face or None): the centre square (--faces none)."""
-    return read_input(path)
-
-
 @dataclass
 class Photo:
     """An input file's faces, as the batch command decodes them."""

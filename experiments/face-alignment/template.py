@@ -42,4 +42,5 @@ print("landmarks in the 32x32 training crop (x, y), mean and spread (std):")
 for name, m, sd in zip(["left eye", "right eye", "nose", "mouth left", "mouth right"], marks.mean(0), marks.std(0)):
     print(f"  {name:12s} {m[0]:6.2f} {m[1]:6.2f}   std {sd[0]:.2f} {sd[1]:.2f}")
 print("TEMPLATE =", np.round(marks.mean(0), 2).tolist())
+print("LANDMARK_WEIGHTS =", np.round(1 / (marks.std(0) ** 2).mean(1), 2).tolist(), " # 1 / variance")
 print("TEMPLATE_BOX =", np.round(boxes.mean(0).reshape(-1), 2).tolist(), " # left, top, right, bottom")
