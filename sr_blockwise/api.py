@@ -128,8 +128,9 @@ class Upscaler:
         """Upscale one face, or a list of them, to 32x32.
 
         images: a PIL image, a numpy array ((H, W) grey, (H, W, 3) RGB or (H, W, 4) RGBA, integers
-        0..255) or an image file path, of any size: 8x8 is used as is, 32x32 taken as the face,
-        178x218 gets CelebA's crop, anything else its centre square, area-downsampled to 8x8. One
+        0..255) or an image file path, of any size, taken as a framed face: 8x8 is used as is, 32x32
+        taken as the face, 178x218 gets CelebA's crop, anything else its centre square,
+        area-downsampled to 8x8 (for a real photo, upscale_faces finds and aligns its faces). One
         image gives one 32x32 RGB PIL image; a list or tuple (or an (N, H, W, C) array) gives a
         list, decoded batch_size at a time. Every input is checked before any decoding: an
         unusable one raises data.BadImage, a ValueError saying why (and, in a list, which).

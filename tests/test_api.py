@@ -158,10 +158,11 @@ def faces(celeba_npz) -> list[Path]:
 def test_shipped_weights_give_the_batch_commands_faces(faces, tmp_path, one_thread):
     """Two real held-out faces through the API (exact mode, k=6, the batch command's defaults:
     the largest face, aligned), decoded together, equal the batch command's outputs and
-    statistics; the second decoded alone (from its file) gives the same face."""
-    from sr_blockwise.faces import find_faces
+    statistics; the second decoded alone (from its file) gives the same face. CelebA-aligned
+    photos keep the paper's crop."""
+    from sr_blockwise.faces import faces_of
     up = Upscaler("cpu-finetuned")
-    lrs = [Image.fromarray(find_faces(Image.open(f).convert("RGB"))[0].lr) for f in faces]
+    lrs = [Image.fromarray(faces_of(Image.open(f).convert("RGB"))[0][0].lr) for f in faces]
     outs, stats = up.upscale(lrs, batch_size=2, return_stats=True)
     assert cli.main(["upscale", *map(str, faces), "-o", str(tmp_path / "out"), "--weights", "cpu-finetuned",
                      "--threads", "1", "--quiet", "--metrics", str(tmp_path / "m.json")]) == 0

@@ -97,6 +97,9 @@ def test_template_is_the_training_framing(celeba_photos):
         corners = F.apply(np.linalg.inv(face.matrix), [[0, 0], [32, 32]])
         assert np.abs(corners - [CELEBA_BOX[:2], CELEBA_BOX[2:]]).max() < 12  # px of 178x218
         assert np.abs(face.crop.astype(int) - paper).mean() < 20
+        # what the front ends use for a CelebA-aligned photo: the paper's crop itself
+        (used,), _ = F.faces_of(photo)
+        assert used.how == "celeba crop" and (used.crop == paper).all()
 
 
 def test_reflected_borders_and_area_resampling():
