@@ -227,6 +227,14 @@ def face_in_box(img: Image.Image, box) -> Face:
     return make_face(img, box_matrix((l, t, r, b)), (l, t, r, b), None, 1.0, "box")
 
 
+def celeba_face(img: Image.Image, box=(20, 40, 158, 178), landmarks=None, score: float = 0.0) -> Face:
+    """The paper's crop of a CelebA-aligned 178x218 photo as a Face, resampled exactly as the
+    training crops were (data.photo_to_32)."""
+    crop = photo_to_32(img, celeba_aligned=True)
+    return Face(tuple(float(v) for v in box), landmarks, float(score), celeba_matrix(), crop,
+                image_to_input(Image.fromarray(crop))[0], "celeba crop")
+
+
 def centre_face(img: Image.Image) -> Face:
     """The photo's centre square as a Face: the framing used when no face is found."""
     img = to_rgb(img)
@@ -309,9 +317,7 @@ def faces_of(img: Image.Image, which: str = "largest", boxes=(), if_none: str = 
         # a CelebA-aligned photo: its largest face keeps the paper's crop, the training framing
         # itself (landmark alignment came within noise of it on held-out faces, not better)
         f = found[0]
-        crop = photo_to_32(img, celeba_aligned=True)  # exactly the training crops' resampling
-        found[0] = Face(f.box, f.landmarks, f.score, celeba_matrix(), crop,
-                        image_to_input(Image.fromarray(crop))[0], "celeba crop")
+        found[0] = celeba_face(img, f.box, f.landmarks, f.score)
     if found:
         kept = found[:1] if which == "largest" else found
         return kept, (f"{len(found)} face{'s' * (len(found) != 1)} found"

@@ -297,10 +297,13 @@ def load_photo(path: Path, which: str = "largest", no_face: str = "centre") -> P
     """A file -> its faces (sr_blockwise.faces.faces_of): 8x8 and 32x32 images as they are;
     --faces none the centre square (CelebA's crop for 178x218)."""
     img = open_rgb(path)
-    if which == "none" or img.size in ((8, 8), (32, 32)):
+    if img.size in ((8, 8), (32, 32)):
         lr, face = image_to_input(img)
-        return Photo(None, [(lr, face)], "as it is" if img.size in ((8, 8), (32, 32)) else "centre square")
+        return Photo(None, [(lr, face)], "as it is")
     from . import faces as F
+    if which == "none":  # no detection: today's framing, as data.photo_to_32 makes it
+        face = F.celeba_face(img) if img.size == (178, 218) else F.centre_face(img)
+        return Photo(img, [face], face.how)
     found, note = F.faces_of(img, which, if_none=no_face)
     return Photo(img, found, note, warn=not found or found[0].how == "centre square")
 
@@ -408,6 +411,9 @@ class Summary:
                                                        else ", outputs DIFFER from greedy")
             out.append(f"speedup over greedy: {g['speedup']:.2f}x wall clock on the first batch of "
                        f"{g['images']} ({mode} {g['seconds']:.2f} s, greedy {g['greedy_seconds']:.2f} s){same}")
+        if self.no_face:
+            out.append("no face found (not written):")
+            out.extend(f"  {p}" for p in self.no_face[:50])
         if self.failed:
             out.append("failed:")
             out.extend(f"  {p}: {r}" for p, r in self.failed[:50])
