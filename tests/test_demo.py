@@ -372,6 +372,8 @@ def test_browser(server, files, tmp_path, monkeypatch):
             drawn = page.locator("#choice textarea, #choice input").first.input_value()
             l, t, r, b = (float(v) for v in drawn.split(","))
             assert abs(l - 400 * 1.3) < 8 and abs(b - 200 * 1.3) < 8 and r - l > 40, drawn
+            page.locator("#faces img").nth(0).click()  # back to the largest face: the one decoded
+            expect(page.locator("#note")).to_contain_text("face 1 of 2 found", timeout=30_000)
             page.locator("#go").click()
             expect(page.locator("#stats-exact")).to_contain_text("decoding", timeout=30_000)  # live
             expect(page.locator("#stats-approx")).to_contain_text("done", timeout=300_000)
