@@ -278,15 +278,18 @@ def paste_back(img: Image.Image, faces: list[Face], outputs, scale: float = PAST
         x1, y1 = np.minimum(np.ceil(corners.max(0)).astype(int), [W, H])
         if x1 <= x0 or y1 <= y0:
             continue
-        ys, xs = np.mgrid[y0:y1, x0:x1]
-        pts = apply(to_crop, np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5], 1))  # pixel centres
-        weight = feather_mask(pts).reshape(ys.shape)[..., None]
-        # the output's pixel centres are at i + 0.5: index = point - 0.5; edges clamp ("nearest")
-        face_px = np.stack([map_coordinates(out[..., c], [pts[:, 1] - 0.5, pts[:, 0] - 0.5], order=1,
-                                            mode="nearest") for c in range(3)], -1).reshape(*ys.shape, 3)
-        region = canvas[y0:y1, x0:x1].astype(np.float64)
-        blend = np.clip(np.round(weight * face_px + (1 - weight) * region), 0, 255).astype(np.uint8)
-        canvas[y0:y1, x0:x1] = np.where(weight > 0, blend, canvas[y0:y1, x0:x1])
+        for top in range(y0, y1, 256):  # strips of rows: a large face's floats stay small
+            bottom = min(y1, top + 256)
+            ys, xs = np.mgrid[top:bottom, x0:x1]
+            pts = apply(to_crop, np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5], 1))  # pixel centres
+            weight = feather_mask(pts).reshape(ys.shape)[..., None]
+            # the output's pixel centres are at i + 0.5: index = point - 0.5; edges clamp ("nearest")
+            face_px = np.stack([map_coordinates(out[..., c], [pts[:, 1] - 0.5, pts[:, 0] - 0.5], order=1,
+                                                mode="nearest") for c in range(3)], -1).reshape(*ys.shape, 3)
+            region = canvas[top:bottom, x0:x1]
+            blend = weight * face_px + (1 - weight) * region
+            blend = np.clip(np.round(blend), 0, 255).astype(np.uint8)
+            canvas[top:bottom, x0:x1] = np.where(weight > 0, blend, region)
     return canvas
 
 
