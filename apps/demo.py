@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from sr_blockwise.data import DEFAULT_DATA, BadImage, bicubic_upscale, match_input
-from sr_blockwise.live import (CENTRE, DECODE_THREADS, FILL, GREEDY_CALLS, TITLES, Frame, block_map_image,
+from sr_blockwise.live import (DECODE_THREADS, FILL, GREEDY_CALLS, TITLES, Frame, block_map_image,
                                compare, decode_live, final_markdown, page_defaults, partial_image,
                                pasted_view, photo_view, prepare_input, read_photo, result_stats,
                                running_markdown, view_to_photo)
