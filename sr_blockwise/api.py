@@ -38,10 +38,12 @@ SEED_STRIDE = 1_000_003
 class FaceResult:
     """One face of a photo, upscaled."""
     image: Image.Image  # the 32x32 result
-    box: tuple[float, float, float, float]  # left, top, right, bottom in the photo's pixels
+    box: tuple[float, float, float, float]  # left, top, right, bottom in the photo's own pixels
     landmarks: np.ndarray | None  # (5, 2): eyes, nose, mouth corners (x, y); None for a given box
     score: float  # the detector's confidence (1 for a given box, 0 for the centre square)
-    face: "faces.Face"  # the alignment: matrix (photo -> 32x32 crop), the aligned crop, the 8x8 input
+    # the alignment: matrix (photo as read -> 32x32 crop; a photo over 40 MP is read at reduced
+    # size, data.open_rgb), the aligned crop, the 8x8 input
+    face: "faces.Face"
     stats: "ImageStats"
 
 
@@ -175,11 +177,14 @@ class Upscaler:
         or error (data.BadImage) when no face is found. options: upscale()'s (mode, k, eps, ...)."""
         from . import faces as F
         img = _photo(photo)
-        found, _ = F.faces_of(img, faces, boxes, if_none)
+        r = img.info.get("full_size", img.size)[0] / img.width  # the photo's own px per px read
+        found, _ = F.faces_of(img, faces, [[v / r for v in b] for b in boxes], if_none)
         if not found:
             return []
         outs, stats = self.upscale([Image.fromarray(f.lr) for f in found], return_stats=True, **options)
-        return [FaceResult(o, f.box, f.landmarks, f.score, f, st) for o, f, st in zip(outs, found, stats)]
+        return [FaceResult(o, tuple(v * r for v in f.box) if r != 1 else f.box,
+                           None if f.landmarks is None else f.landmarks * r, f.score, f, st)
+                for o, f, st in zip(outs, found, stats)]
 
     @staticmethod
     def paste_back(photo, results: Sequence[FaceResult], scale: float = 4) -> Image.Image:

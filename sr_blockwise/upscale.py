@@ -701,7 +701,9 @@ def run(cfg: Config) -> int:
                     row = {**names(j), "output": str(out), "relative": out.relative_to(cfg.outdir).as_posix(),
                            "status": "done", **base_row, "face": n,
                            "framing": face.how if aligned else ph.note, "faces_note": ph.note,
-                           "box": [round(v, 1) for v in face.box] if aligned else None,
+                           # in the photo's own pixels (a photo over 40 MP is read at reduced size)
+                           "box": [round(v * ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width, 1)
+                                   for v in face.box] if aligned else None,
                            "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
                     try:
                         if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):

@@ -213,3 +213,18 @@ def test_upscale_faces_returns_each_face_with_box_and_landmarks(tiny):
         tiny.upscale_faces(wall, if_none="error")
     (centre,) = tiny.upscale_faces(wall, **FAST)
     assert centre.face.how == "centre square"
+
+
+def test_a_huge_photos_faces_come_in_its_own_pixels(tiny, tmp_path):
+    """A 48 MP photo is read at reduced size; boxes and landmarks still come in its own pixels."""
+    import skimage.data
+    big = Image.new("RGB", (8000, 6000), (120, 130, 110))
+    big.paste(Image.fromarray(skimage.data.astronaut()).resize((2048, 2048), Image.Resampling.BICUBIC), (3000, 2000))
+    big.save(tmp_path / "big.jpg", quality=85)
+    del big
+    (r,) = tiny.upscale_faces(tmp_path / "big.jpg", **FAST)
+    small, = tiny.upscale_faces(skimage.data.astronaut(), **FAST)  # the same face at 1/4 size
+    assert np.abs(np.array(r.box) - (np.array(small.box) * 4 + [3000, 2000, 3000, 2000])).max() < 40
+    assert np.abs(r.landmarks - (small.landmarks * 4 + [3000, 2000])).max() < 40
+    (boxed,) = tiny.upscale_faces(tmp_path / "big.jpg", boxes=[r.box], **FAST)
+    assert np.allclose(boxed.box, r.box)
