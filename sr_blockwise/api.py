@@ -4,9 +4,12 @@
     up = Upscaler("cpu-finetuned")                # shipped weights name, or a .json / .pt path
     face = up.upscale(Image.open("me.jpg"))        # a 32x32 PIL image
     faces, stats = up.upscale([photo, array], mode="approx", return_stats=True)
+    found = up.upscale_faces("group.jpg", faces="all")  # each face detected, aligned, upscaled
+    whole = up.paste_back("group.jpg", found)      # the photo 4x, the faces pasted back
 
-Every input goes through the crop and downsample of the batch command and the demo
-(data.read_input); decoding is decoding.decode, in batches, each image at its own position (and,
+upscale() takes faces already framed (8x8, 32x32, CelebA's 178x218) or crops the centre square
+(data.read_input); upscale_faces() finds the faces of a real photo and aligns each to the
+training framing first (sr_blockwise.faces), as the batch command and the demo do; decoding is decoding.decode, in batches, each image at its own position (and,
 sampling, with its own noise), so an image's output does not depend on the images decoded with
 it. The batch command (`sr-blockwise upscale`) and the demo load their weights and decode through
 this class and the functions it is built on.
@@ -29,6 +32,19 @@ DTYPES = ("bfloat16", "float16", "float32")
 # decode's per-image seed for a sampling seed s: s * SEED_STRIDE is what decode gives an image
 # decoded alone with DecodeOptions(seed=s) (see decoding._sampling_noise), as the demo decodes
 SEED_STRIDE = 1_000_003
+
+
+@dataclass
+class FaceResult:
+    """One face of a photo, upscaled."""
+    image: Image.Image  # the 32x32 result
+    box: tuple[float, float, float, float]  # left, top, right, bottom in the photo's own pixels
+    landmarks: np.ndarray | None  # (5, 2): eyes, nose, mouth corners (x, y); None for a given box
+    score: float  # the detector's confidence (1 for a given box, 0 for the centre square)
+    # the alignment: matrix (photo as read -> 32x32 crop; a photo over 40 MP is read at reduced
+    # size, data.open_rgb), the aligned crop, the 8x8 input
+    face: "faces.Face"
+    stats: "ImageStats"
 
 
 @dataclass(frozen=True)
@@ -114,8 +130,9 @@ class Upscaler:
         """Upscale one face, or a list of them, to 32x32.
 
         images: a PIL image, a numpy array ((H, W) grey, (H, W, 3) RGB or (H, W, 4) RGBA, integers
-        0..255) or an image file path, of any size: 8x8 is used as is, 32x32 taken as the face,
-        178x218 gets CelebA's crop, anything else its centre square, area-downsampled to 8x8. One
+        0..255) or an image file path, of any size, taken as a framed face: 8x8 is used as is, 32x32
+        taken as the face, 178x218 gets CelebA's crop, anything else its centre square,
+        area-downsampled to 8x8 (for a real photo, upscale_faces finds and aligns its faces). One
         image gives one 32x32 RGB PIL image; a list or tuple (or an (N, H, W, C) array) gives a
         list, decoded batch_size at a time. Every input is checked before any decoding: an
         unusable one raises data.BadImage, a ValueError saying why (and, in a list, which).
@@ -151,6 +168,32 @@ class Upscaler:
             return (outs[0], stats[0]) if return_stats else outs[0]
         return (outs, stats) if return_stats else outs
 
+    def upscale_faces(self, photo, faces: str = "all", boxes=(), if_none: str = "centre",
+                      **options) -> list[FaceResult]:
+        """Find the faces of a photo (a file path, PIL image or numpy array), align each to the
+        training framing, and upscale them: a FaceResult per face, largest first. faces: all, or
+        largest; boxes: faces given by hand as (left, top, right, bottom) instead of detection
+        (e.g. one too small to detect); if_none: centre (the centre square), skip (an empty list)
+        or error (data.BadImage) when no face is found. options: upscale()'s (mode, k, eps, ...)."""
+        from . import faces as F
+        img = _photo(photo)
+        r = img.info.get("full_size", img.size)[0] / img.width  # the photo's own px per px read
+        found, _ = F.faces_of(img, faces, [[v / r for v in b] for b in boxes], if_none)
+        if not found:
+            return []
+        outs, stats = self.upscale([Image.fromarray(f.lr) for f in found], return_stats=True, **options)
+        return [FaceResult(o, tuple(v * r for v in f.box) if r != 1 else f.box,
+                           None if f.landmarks is None else f.landmarks * r, f.score, f, st)
+                for o, f, st in zip(outs, found, stats)]
+
+    @staticmethod
+    def paste_back(photo, results: Sequence[FaceResult], scale: float = 4) -> Image.Image:
+        """The photo enlarged `scale` times, each face replaced by its result (warped back and
+        blended in with a feathered mask, faces.paste_back)."""
+        from . import faces as F
+        img = _photo(photo)
+        return Image.fromarray(F.paste_back(img, [r.face for r in results], [np.asarray(r.image) for r in results], scale))
+
     @staticmethod
     def prepare(image, label: str | None = None) -> np.ndarray:
         """One image (as upscale takes it) -> its 8x8x3 uint8 input. label: named in the error."""
@@ -160,3 +203,14 @@ class Upscaler:
             if label is None:
                 raise
             raise data.BadImage(f"{label}: {e}") from None
+
+
+def _photo(source) -> Image.Image:
+    """A file path, PIL image or numpy array -> an RGB PIL image (data.BadImage if unusable)."""
+    if isinstance(source, Image.Image):
+        return data.to_rgb(source)
+    if isinstance(source, np.ndarray):
+        return data.to_rgb(data.array_to_image(source))
+    if isinstance(source, (str, os.PathLike)) or hasattr(source, "read"):
+        return data.open_rgb(os.fspath(source) if isinstance(source, os.PathLike) else source)
+    raise data.BadImage(f"expected an image file, a PIL image or a numpy array, got {type(source).__name__}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from .upscale import SAVE_ARGS, Config, run
+from .upscale import FACES, NO_FACE, SAVE_ARGS, Config, run
 
 
 def decode_mode(name: str) -> str:
@@ -65,6 +65,18 @@ def register(subparsers) -> None:
                         "own intensities (1: the model as trained; default: sr_blockwise.decoding."
                         "DEFAULT_PRIOR_WEIGHT where the model has that prior, else 1; see the README; large "
                         "values give a blocky upscale)")
+    p.add_argument("--faces", default="largest", choices=FACES,
+                   help="largest: the largest face found in each photo, aligned to the framing the model was "
+                        "trained on (default); all: every face, written NAME_face0, NAME_face1, ... (largest "
+                        "first); none: no detection, the centre square (CelebA's crop for 178x218 photos). "
+                        "8x8 and 32x32 images are always used as they are")
+    p.add_argument("--no-face", default="centre", choices=NO_FACE,
+                   help="a photo where no face is found: centre (its centre square, with a warning; default) "
+                        "or skip (no output, listed in the summary)")
+    p.add_argument("--paste-back", action="store_true",
+                   help="also write NAME_pasted.EXT: the photo enlarged 4x, each face replaced by its result "
+                        "(warped back, blended in with a feathered mask); large photos at a smaller scale, "
+                        "at most 64 MP")
     p.add_argument("--dry-run", action="store_true", help="list what would be done (todo/skip, input, output)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary; failures still go to stderr")
     p.set_defaults(func=cmd_upscale)

@@ -2,8 +2,10 @@
 
 Sources: a CelebA download (img_align_celeba/ + list_eval_partition.txt), a prepared array file
 (.npz with `images` (N,32,32,3) uint8 and optionally `celeba_id`, `split`), or a plain folder of
-photos. Every photo goes through `photo_to_32`, the same function the demo and the batch command
-use; 8x8 inputs are always the 4x4 box average of a 32x32 face.
+photos. Every dataset photo goes through `photo_to_32` (the paper's crop, or the centre square);
+the demo, the batch command and the API first find and align a photo's faces
+(sr_blockwise.faces) and make the input from the aligned 32x32 crop. 8x8 inputs are always the
+4x4 box average of a 32x32 face (downsample_8, through image_to_input on every path).
 
 The split (written down in data/README.md): held-out TEST = CelebA test-partition ids with
 id % 16 == 0; VAL = the official validation partition; TRAIN = everything else. Training never

@@ -1,8 +1,11 @@
 """Batch upscaling: folders, files and globs of faces in, 32x32 results out.
 
-The pipeline per image is the Python API's (api.Upscaler), the demo's too: data.read_input
-(centre-square or CelebA crop, area downsample to 8x8; 8x8 images as is; large photos read at
-reduced size) -> blockwise decoding -> 32x32. Images are decoded together in batches, in every
+The pipeline per image is the Python API's (api.Upscaler), the demo's too: the photo is read
+(data.open_rgb; large photos at reduced size), its faces found and aligned to the training
+framing (sr_blockwise.faces; --faces largest or all; 8x8 and 32x32 images are used as they are,
+--faces none takes the centre square or CelebA's crop), each 32x32 crop area-downsampled to 8x8
+-> blockwise decoding -> 32x32, and with --paste-back the whole photo enlarged 4x with the
+results pasted back. Images are decoded together in batches, in every
 mode; the decoder keeps each image's own position and accepted length (and, sampling, its own
 seed), so an image's output does not depend on its batch.
 
@@ -32,7 +35,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from PIL import Image
 
-from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, match_input, read_input
+from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, image_to_input, match_input, open_rgb, read_input
 from .metrics import PSNR_SETTINGS, SSIM_SETTINGS, psnr, ssim
 
 SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
@@ -42,7 +45,9 @@ SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
 }
 METRIC_FIELDS = ["input", "output", "relative", "status", "reason", "mode", "k", "eps", "temperature", "seed",
                  "batch_size", "prior_weight", "match_input", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
-                 "psnr_bicubic", "ssim_bicubic"]
+                 "psnr_bicubic", "ssim_bicubic", "face", "framing", "box", "faces_note"]
+FACES = ("largest", "all", "none")  # --faces; none: no detection, the centre square (or CelebA's crop)
+NO_FACE = ("centre", "skip")  # --no-face: a photo without a face found
 # Pillow registers some formats it can only identify, not decode (or that need ghostscript)
 _NOT_DECODABLE = {".bufr", ".grib", ".h5", ".hdf", ".mpeg", ".mpg", ".eps", ".ps", ".wmf", ".emf"}
 
@@ -61,6 +66,7 @@ class Job:
     out: Path
     compare: Path | None = None
     gt: Path | None = None
+    paste: Path | None = None  # --paste-back: the photo 4x with its faces pasted back
 
 
 @dataclass
@@ -89,6 +95,9 @@ class Config:
     # input guidance (decoding.DecodeOptions.prior_weight); None: decoding.default_prior_weight
     # (DEFAULT_PRIOR_WEIGHT, or 1 for weights without the learned input prior)
     prior_weight: float | None = None
+    faces: str = "largest"  # FACES
+    no_face: str = "centre"  # NO_FACE
+    paste_back: bool = False
     dry_run: bool = False
     quiet: bool = False
 
@@ -205,6 +214,10 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
         raise ValueError(f"--ext {cfg.ext!r}: choose from {sorted(SAVE_ARGS)}")
     if any(c in cfg.suffix for c in "/\\"):
         raise ValueError(f"--suffix {cfg.suffix!r} must not contain a path separator")
+    if cfg.faces not in FACES:
+        raise ValueError(f"--faces {cfg.faces!r}: choose from {', '.join(FACES)}")
+    if cfg.no_face not in NO_FACE:
+        raise ValueError(f"--no-face {cfg.no_face!r}: choose from {', '.join(NO_FACE)}")
     found, folders, ignored = find_inputs(cfg.inputs, outdir)
 
     # mirror the tree below the common folder of all inputs
@@ -223,20 +236,24 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
 
     # output names: STEM+SUFFIX.EXT in the mirrored folder; photo.jpg and photo.png side by side
     # would collide, so those keep their input extension in the name (photo_jpg.png)
-    def name(j: Job, with_ext: bool) -> Path:
+    # (with --faces all: STEM_face0+SUFFIX.EXT, the further faces STEM_face1..., see face_output)
+    def name(j: Job, with_ext: bool, part: str = "") -> Path:
         stem = j.rel.stem + (f"_{j.rel.suffix.lstrip('.').lower()}" if with_ext else "")
-        return outdir.joinpath(*j.rel.parent.parts, f"{stem}{cfg.suffix}.{cfg.ext}")
+        return outdir.joinpath(*j.rel.parent.parts, f"{stem}{part}{cfg.suffix}.{cfg.ext}")
 
     counts = {}
     for j in ordered:
         counts[name(j, False)] = counts.get(name(j, False), 0) + 1
     for j in ordered:
-        j.out = name(j, counts[name(j, False)] > 1)
+        with_ext = counts[name(j, False)] > 1
+        j.out = name(j, with_ext, "_face0" if cfg.faces == "all" else "")
         if cfg.compare:
             j.compare = j.out.with_name(f"{j.out.stem}_compare.{cfg.ext}")
+        if cfg.paste_back:
+            j.paste = name(j, with_ext, "_pasted")
     outs = {}
     for j in ordered:
-        for o in (j.out, j.compare):
+        for o in (j.out, j.compare, j.paste):
             if o is not None and outs.setdefault(o, j) is not j:
                 raise ValueError(f"{j.src} and {outs[o].src} would both be written to {o}; "
                                  "rename one or run them separately")
@@ -260,23 +277,50 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
 
     i, n = parse_shard(cfg.shard)
     mine = [j for j in ordered if shard_of(j.rel, n) == i]
-    info = {"base": base, "folders": folders, "ignored": ignored, "total": len(ordered), "shard": (i, n)}
+    info = {"base": base, "folders": folders, "ignored": ignored, "total": len(ordered), "shard": (i, n),
+            "protected": protected}
     return mine, ignored, info
 
 
 # ---------------------------------------------------------------- single images
 
-def load_input(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
-    """A file -> (8x8x3 input, 32x32 face or None): the API's and the demo's crop and downsample."""
-    return read_input(path)
+@dataclass
+class Photo:
+    """An input file's faces, as the batch command decodes them."""
+    image: Image.Image | None  # the photo as read (None for 8x8 and 32x32 inputs: used as they are)
+    faces: list  # faces.Face, largest first; for an 8x8 / 32x32 input, one (lr, face-or-None) pair
+    note: str  # what was found, e.g. "2 faces found" or "no face found ...: its centre square is used"
+    warn: bool = False  # no face found: said on the terminal
 
 
-def load_ground_truth(path: Path) -> np.ndarray:
-    """A real face of any size -> 32x32 through the same crop as the inputs."""
-    _, face = read_input(path)
-    if face is None:
-        raise BadImage(f"{path}: an 8x8 image cannot be a 32x32 ground truth")
-    return face
+def load_photo(path: Path, which: str = "largest", no_face: str = "centre") -> Photo:
+    """A file -> its faces (sr_blockwise.faces.faces_of): 8x8 and 32x32 images as they are;
+    --faces none the centre square (CelebA's crop for 178x218)."""
+    img = open_rgb(path)
+    if img.size in ((8, 8), (32, 32)):
+        lr, face = image_to_input(img)
+        return Photo(None, [(lr, face)], "as it is")
+    from . import faces as F
+    if which == "none":  # no detection: today's framing, as data.photo_to_32 makes it
+        face = F.celeba_face(img) if img.size == (178, 218) else F.centre_face(img)
+        return Photo(img, [face], face.how)
+    found, note = F.faces_of(img, which, if_none=no_face)
+    return Photo(img, found, note, warn=not found or found[0].how == "centre square")
+
+
+def load_ground_truth(path: Path, face=None, input_size: tuple[int, int] | None = None) -> np.ndarray:
+    """A real face of any size -> 32x32 through the same crop as the inputs: for an aligned face
+    (faces.Face), the ground truth is taken as the same photo at its own size, and cropped by the
+    face's transform scaled to it."""
+    if face is None or input_size is None:
+        _, real = read_input(path)
+        if real is None:
+            raise BadImage(f"{path}: an 8x8 image cannot be a 32x32 ground truth")
+        return real
+    from . import faces as F
+    img = open_rgb(path)
+    sx, sy = input_size[0] / img.width, input_size[1] / img.height  # ground-truth px -> input px
+    return F.warp_crop(img, face.matrix @ np.diag([sx, sy, 1.0]))
 
 
 def _temp_name(path: Path) -> Path:
@@ -340,16 +384,21 @@ class Summary:
     seconds: float = 0.0  # processing time (reading, decoding, writing), model loading excluded
     load_seconds: float = 0.0
     greedy_check: dict | None = None
+    no_face: list[str] = field(default_factory=list)  # photos skipped without a face (--no-face skip)
+    faces: int = 0  # faces written (--faces all: several a photo)
 
     @property
     def exit_code(self) -> int:
         return 130 if self.interrupted else (1 if self.failed else 0)
 
     def lines(self, mode: str) -> list[str]:
-        left = self.total - self.done - self.skipped - len(self.failed)
+        left = self.total - self.done - self.skipped - len(self.failed) - len(self.no_face)
         rate = self.done / self.seconds if self.seconds > 0 else 0.0
         out = [f"done {self.done}, skipped {self.skipped} (already there), failed {len(self.failed)}"
+               + (f", no face found {len(self.no_face)}" if self.no_face else "")
                + (f", not processed {left} (interrupted: rerun with --skip-existing to finish)" if left else "")]
+        if self.faces != self.done:
+            out.append(f"faces written {self.faces}")
         out.append(f"time {self.seconds:.1f} s ({rate:.2f} images/s), model loading {self.load_seconds:.1f} s")
         if self.blocks:
             from .model import SEQ_LEN  # greedy: one call per intensity (torch is loaded by now)
@@ -362,6 +411,9 @@ class Summary:
                                                        else ", outputs DIFFER from greedy")
             out.append(f"speedup over greedy: {g['speedup']:.2f}x wall clock on the first batch of "
                        f"{g['images']} ({mode} {g['seconds']:.2f} s, greedy {g['greedy_seconds']:.2f} s){same}")
+        if self.no_face:
+            out.append("no face found (not written):")
+            out.extend(f"  {p}" for p in self.no_face[:50])
         if self.failed:
             out.append("failed:")
             out.extend(f"  {p}: {r}" for p, r in self.failed[:50])
@@ -505,7 +557,7 @@ def run(cfg: Config) -> int:
                          + (f" ({len(ignored)} files without an image extension ignored)" if ignored else ""))
     mpath = metrics_path(cfg.metrics, info["shard"])
     done_before = [j for j in jobs if cfg.skip_existing and j.out.is_file()
-                   and (j.compare is None or j.compare.is_file())]
+                   and (j.compare is None or j.compare.is_file()) and (j.paste is None or j.paste.is_file())]
     skip = {id(j) for j in done_before}
     todo = [j for j in jobs if id(j) not in skip]
     say = (lambda *a: None) if cfg.quiet else (lambda msg: print(msg, file=sys.stderr))
@@ -574,25 +626,43 @@ def run(cfg: Config) -> int:
         bar.write(f"failed: {j.src}: {reason}", file=sys.stderr)
         bar.update(1)
 
+    photos = {}  # id(job) -> (Photo, results so far): a photo's paste-back waits for all its faces
+
     def batches():
+        """(job, face number, 8x8 input) batches; a photo's faces may span two batches."""
         batch = []
         for j in todo:
             if stop.set:  # Ctrl-C: read no more (also when every file so far failed to load)
                 break
             try:
-                lr, face = load_input(j.src)
+                ph = load_photo(j.src, cfg.faces, cfg.no_face)
             except BadImage as e:  # its message starts with the file's name: we print the path
                 fail(j, str(e).removeprefix(f"{j.src}: ").removeprefix(f"{j.src.name}: "))
                 continue
             except Exception as e:  # whatever else a strange file does, the run goes on
                 fail(j, f"{type(e).__name__}: {e}")
                 continue
-            batch.append((j, lr))
-            if len(batch) == cfg.batch_size:
-                yield batch
-                batch = []
+            if ph.warn:
+                bar.write(f"warning: {j.src}: {ph.note}", file=sys.stderr)
+            if not ph.faces:  # --no-face skip
+                s.no_face.append(str(j.src))
+                metrics.add({**names(j), "status": "no face", "reason": ph.note})
+                bar.update(1)
+                continue
+            photos[id(j)] = (ph, {})
+            for n, f in enumerate(ph.faces):
+                batch.append((j, n, f[0] if isinstance(f, tuple) else f.lr))
+                if len(batch) == cfg.batch_size:
+                    yield batch
+                    batch = []
         if batch:
             yield batch
+
+    def face_output(j: Job, n: int, path: Path) -> Path:
+        """Face n's file: with --faces all, STEM_face0 -> STEM_faceN (likewise its _compare)."""
+        if n == 0:
+            return path
+        return path.with_name(path.name.replace(f"_face0{cfg.suffix}", f"_face{n}{cfg.suffix}", 1))
 
     shown = [0.0]
 
@@ -605,45 +675,74 @@ def run(cfg: Config) -> int:
     try:
         with _StopFlag(cfg.quiet) as stop:
             for batch in batches():
-                bjobs = [j for j, _ in batch]
-                lrs = np.stack([lr for _, lr in batch])
+                bjobs = [j for j, _, _ in batch]
+                lrs = np.stack([lr for _, _, lr in batch])
                 try:
                     images, stats = decode_batch(up, lrs, bjobs, opts, None if cfg.quiet else progress)
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # e.g. out of GPU memory: report the batch, go on
-                    for j in bjobs:
-                        fail(j, f"decoding failed: {type(e).__name__}: {e}")
+                    for j in {id(j): j for j in bjobs}.values():  # a photo once, however many of its faces
+                        if id(j) in photos:
+                            photos.pop(id(j))
+                            fail(j, f"decoding failed: {type(e).__name__}: {e}")
                     continue
                 if cfg.measure_greedy and s.greedy_check is None and opts.k > 1:  # two more decodes
                     s.greedy_check = _greedy_check(up.model, lrs, images, opts)
                 if cfg.match_input:  # after the greedy check, which compares the decoder's own outputs
                     images = match_input(images, lrs)
-                for j, lr, img, st in zip(bjobs, lrs, images, stats):
-                    row = {**names(j), "status": "done", **base_row,
+                for (j, n, lr), img, st in zip(batch, images, stats):
+                    if id(j) not in photos:  # the photo failed with an earlier batch
+                        continue
+                    ph, results = photos[id(j)]
+                    face = ph.faces[n]
+                    aligned = not isinstance(face, tuple)
+                    out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
+                    row = {**names(j), "output": str(out), "relative": out.relative_to(cfg.outdir).as_posix(),
+                           "status": "done", **base_row, "face": n,
+                           "framing": face.how if aligned else ph.note, "faces_note": ph.note,
+                           # in the photo's own pixels (a photo over 40 MP is read at reduced size)
+                           "box": [round(v * ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width, 1)
+                                   for v in face.box] if aligned else None,
                            "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
                     try:
+                        if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
+                            raise ValueError(f"{out} is an input file: not overwritten")
                         gt = None
                         if j.gt is not None:
                             row["ground_truth"] = str(j.gt)
                             try:
-                                gt = load_ground_truth(j.gt)
+                                gt = load_ground_truth(j.gt, face if aligned else None,
+                                                       ph.image.size if aligned else None)
                             except BadImage as e:
                                 row["reason"] = f"ground truth unusable: {e}"
                         if gt is not None:
                             row["psnr"], row["ssim"] = quality(gt, img)
                             row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))
-                        save_atomic(img, j.out, cfg.ext)
-                        if j.compare is not None:
-                            save_atomic(compare_strip(lr, img, gt), j.compare, cfg.ext)
+                        save_atomic(img, out, cfg.ext)
+                        if compare is not None:
+                            save_atomic(compare_strip(lr, img, gt), compare, cfg.ext)
+                        results[n] = img
+                        if j.paste is not None and len(results) == len(ph.faces):  # the photo's last face
+                            if aligned:
+                                from .faces import paste_back, paste_scale
+                                whole = paste_back(ph.image, ph.faces, [results[i] for i in range(len(ph.faces))],
+                                                   paste_scale(ph.image.size))
+                            else:  # an 8x8 or 32x32 input: the result is the whole photo
+                                whole = img
+                            save_atomic(whole, j.paste, cfg.ext)
                     except Exception as e:  # disk full, permissions...: this image failed
+                        photos.pop(id(j), None)
                         fail(j, f"writing failed: {type(e).__name__}: {e}")
                         continue
-                    s.done += 1
+                    s.faces += 1
                     s.blocks.append(st.mean_block)
                     s.calls.append(st.calls)
                     metrics.add(row)
-                    bar.update(1)
+                    if len(results) == len(ph.faces):  # the photo is done
+                        photos.pop(id(j), None)
+                        s.done += 1
+                        bar.update(1)
                 s.seconds = time.perf_counter() - t1
                 metrics.maybe_write(s)
                 after_batch(s)

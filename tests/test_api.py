@@ -156,11 +156,14 @@ def faces(celeba_npz) -> list[Path]:
 
 
 def test_shipped_weights_give_the_batch_commands_faces(faces, tmp_path, one_thread):
-    """Two real held-out faces through the API (exact mode, k=6, the batch command's defaults),
-    decoded together, equal the batch command's outputs and statistics; the second decoded alone
-    (from its file) gives the same face."""
+    """Two real held-out faces through the API (exact mode, k=6, the batch command's defaults:
+    the largest face, aligned), decoded together, equal the batch command's outputs and
+    statistics; the second decoded alone (from its file) gives the same face. CelebA-aligned
+    photos keep the paper's crop."""
+    from sr_blockwise.faces import faces_of
     up = Upscaler("cpu-finetuned")
-    outs, stats = up.upscale([Image.open(f) for f in faces], batch_size=2, return_stats=True)
+    lrs = [Image.fromarray(faces_of(Image.open(f).convert("RGB"))[0][0].lr) for f in faces]
+    outs, stats = up.upscale(lrs, batch_size=2, return_stats=True)
     assert cli.main(["upscale", *map(str, faces), "-o", str(tmp_path / "out"), "--weights", "cpu-finetuned",
                      "--threads", "1", "--quiet", "--metrics", str(tmp_path / "m.json")]) == 0
     rows = {Path(r["input"]).name: r for r in json.loads((tmp_path / "m.json").read_text())["images"]}
@@ -168,4 +171,60 @@ def test_shipped_weights_give_the_batch_commands_faces(faces, tmp_path, one_thre
         np.testing.assert_array_equal(pixels(out), np.asarray(Image.open(tmp_path / "out" / f"{f.stem}.png")))
         assert rows[f.name]["calls"] == st.calls and rows[f.name]["mean_block"] == round(st.mean_block, 4)
         assert st.mean_block > 1.2  # blockwise: fewer calls than greedy's 3072
-    np.testing.assert_array_equal(pixels(up.upscale(faces[1])), pixels(outs[1]))
+    (alone,) = up.upscale_faces(faces[1], faces="largest")
+    np.testing.assert_array_equal(pixels(alone.image), pixels(outs[1]))
+
+
+def two_faces() -> Image.Image:
+    """scikit-image's astronaut beside a smaller copy of herself: two faces of different sizes."""
+    import skimage.data
+    a = Image.fromarray(skimage.data.astronaut())
+    photo = Image.new("RGB", (832, 512), (128, 128, 128))
+    photo.paste(a, (0, 0))
+    photo.paste(a.resize((320, 320), Image.Resampling.BOX), (512, 96))
+    return photo
+
+
+def test_upscale_faces_returns_each_face_with_box_and_landmarks(tiny):
+    photo = two_faces()
+    found = tiny.upscale_faces(photo, **FAST)
+    assert len(found) == 2 and found[0].face.size > found[1].face.size  # largest first
+    for r in found:
+        left, top, right, bottom = r.box
+        assert r.image.size == (32, 32) and r.landmarks.shape == (5, 2) and r.score > 0.9
+        assert all(left <= x <= right and top <= y <= bottom for x, y in r.landmarks)
+        # the result is the library's decode of the aligned face's 8x8 input
+        ref = tiny.upscale(Image.fromarray(r.face.lr), **FAST)
+        assert (np.asarray(r.image) == np.asarray(ref)).all()
+    assert found[1].box[0] > 512  # the small copy is on the right
+    (largest,) = tiny.upscale_faces(photo, faces="largest", **FAST)
+    assert largest.box == found[0].box
+    whole = tiny.paste_back(photo, found)
+    assert whole.size == (832 * 4, 512 * 4)
+    plain = np.asarray(photo.resize(whole.size, Image.Resampling.BICUBIC))
+    assert (np.asarray(whole)[:40] == plain[:40]).all()  # above every face: untouched
+    assert not (np.asarray(whole) == plain).all()
+    # a face given by hand; a photo without a face
+    (boxed,) = tiny.upscale_faces(photo, boxes=[(600, 200, 620, 220)], **FAST)
+    assert boxed.landmarks is None and boxed.box == (600, 200, 620, 220)
+    wall = np.full((60, 90, 3), 200, np.uint8)
+    assert tiny.upscale_faces(wall, if_none="skip") == []
+    with pytest.raises(ValueError, match="no face found"):
+        tiny.upscale_faces(wall, if_none="error")
+    (centre,) = tiny.upscale_faces(wall, **FAST)
+    assert centre.face.how == "centre square"
+
+
+def test_a_huge_photos_faces_come_in_its_own_pixels(tiny, tmp_path):
+    """A 48 MP photo is read at reduced size; boxes and landmarks still come in its own pixels."""
+    import skimage.data
+    big = Image.new("RGB", (8000, 6000), (120, 130, 110))
+    big.paste(Image.fromarray(skimage.data.astronaut()).resize((2048, 2048), Image.Resampling.BICUBIC), (3000, 2000))
+    big.save(tmp_path / "big.jpg", quality=85)
+    del big
+    (r,) = tiny.upscale_faces(tmp_path / "big.jpg", **FAST)
+    small, = tiny.upscale_faces(skimage.data.astronaut(), **FAST)  # the same face at 1/4 size
+    assert np.abs(np.array(r.box) - (np.array(small.box) * 4 + [3000, 2000, 3000, 2000])).max() < 40
+    assert np.abs(r.landmarks - (small.landmarks * 4 + [3000, 2000])).max() < 40
+    (boxed,) = tiny.upscale_faces(tmp_path / "big.jpg", boxes=[r.box], **FAST)
+    assert np.allclose(boxed.box, r.box)

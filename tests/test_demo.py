@@ -19,11 +19,13 @@ import pytest
 import torch
 from PIL import Image
 
-from apps.demo import (FILL, BadImage, Frame, block_map_image, build_app, compare, decode_live,
-                       detect_face_square, launch, partial_image, prepare_input, register)
+from apps.demo import build_app, launch, register
 from apps.examples import builtin_examples, celeba_examples
+from sr_blockwise import faces as F
 from sr_blockwise.checkpoints import load_model
-from sr_blockwise.data import image_to_input, match_input, open_rgb
+from sr_blockwise.data import BadImage, image_to_input, match_input, open_rgb
+from sr_blockwise.live import (FILL, Frame, block_map_image, compare, decode_live, parse_choice, partial_image,
+                               photo_view, prepare_input, read_photo, view_to_photo)
 from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT, decode, options_for
 
 K, EPS = 6, 8  # what the tests ask for; both decodes of the tiny model take a few seconds each
@@ -63,6 +65,10 @@ def files(tmp_path_factory):
     import skimage.data
     d = tmp_path_factory.mktemp("uploads")
     Image.fromarray(skimage.data.astronaut()).save(d / "astronaut.jpg", quality=92)
+    pair = Image.new("RGB", (832, 512), (128, 128, 128))  # two faces: the astronaut and a smaller copy
+    pair.paste(Image.open(d / "astronaut.jpg"), (0, 0))
+    pair.paste(Image.open(d / "astronaut.jpg").resize((320, 320), Image.Resampling.BOX), (512, 96))
+    pair.save(d / "pair.png")
     data = (d / "astronaut.jpg").read_bytes()
     (d / "truncated.jpg").write_bytes(data[: len(data) // 3])
     (d / "empty.png").write_bytes(b"")
@@ -102,8 +108,12 @@ def test_register_and_missing_weights(tiny_weights, monkeypatch):
 
 def test_prepare_input(files, tmp_path):
     p = prepare_input(files["astronaut"])
-    lr, face = image_to_input(open_rgb(files["astronaut"]))  # the shared crop + downsample
-    assert (p.lr == lr).all() and (p.face == face).all() and "512x512" in p.note
+    found = F.find_faces(open_rgb(files["astronaut"]))  # the library's faces, aligned
+    assert (p.lr == found[0].lr).all() and (p.face == found[0].crop).all()
+    assert "512x512 photo: face 1 of 1 found, aligned" in p.note and p.info["face"]["how"] == "detected"
+    c = prepare_input(files["astronaut"], "centre square")
+    lr, face = image_to_input(open_rgb(files["astronaut"]))  # today's framing: the shared crop + downsample
+    assert (c.lr == lr).all() and (c.face == face).all() and "the centre square" in c.note
     Image.fromarray(lr).save(tmp_path / "tiny.png")
     q = prepare_input(tmp_path / "tiny.png")
     assert (q.lr == lr).all() and q.face is None  # an 8x8 image is used as is
@@ -119,7 +129,26 @@ def test_prepare_input(files, tmp_path):
             prepare_input(files[bad])
         assert os.path.dirname(files[bad]) not in str(e.value)  # no server paths in messages
     big = prepare_input(files["big"])
-    assert "8000x6250 photo: centre square" in big.note and big.info["size"] == [8000, 6250]
+    assert "8000x6250 photo: the centre square (no face found" in big.note and big.info["size"] == [8000, 6250]
+
+
+def test_face_choices(files):
+    """The page's faces: each found one by number, a drawn box, the centre square; clicks on the
+    shown photo map back to its pixels."""
+    first, second = prepare_input(files["pair"], "1"), prepare_input(files["pair"], "2")
+    assert "face 1 of 2" in first.note and "face 2 of 2" in second.note
+    assert first.chosen.size > second.chosen.size and second.chosen.box[0] > 512
+    assert (prepare_input(files["pair"], "").lr == first.lr).all()  # the largest by default
+    boxed = prepare_input(files["pair"], "600, 200, 612, 212")  # a face a few pixels wide
+    assert "the box 600, 200, 612, 212" in boxed.note and boxed.chosen.how == "box"
+    for bad, why in [("3", "2 faces found"), ("eyes", "give a face number"), ("1, 2", "give a face number")]:
+        with pytest.raises(BadImage, match=why):
+            prepare_input(files["pair"], bad)
+    assert parse_choice("Centre square") == "centre square" and parse_choice("box: 1,2,3,4") == (1, 2, 3, 4)
+    photo = read_photo(files["pair"])
+    view = photo_view(photo, first.chosen)
+    assert view.shape == (394, 640, 3)  # at most 640 px wide
+    assert view_to_photo(photo, 320, 197) == pytest.approx((416, 256), abs=1)
 
 
 def skimage_astronaut():
@@ -127,10 +156,7 @@ def skimage_astronaut():
     return skimage.data.astronaut()
 
 
-def test_detect_face_and_examples():
-    sq = detect_face_square(Image.fromarray(skimage_astronaut()))
-    assert sq is not None and sq.width == sq.height and 100 < sq.width < 200
-    assert detect_face_square(Image.new("RGB", (300, 200), "white")) is None
+def test_builtin_examples():
     ex = builtin_examples()
     assert len(ex) >= 5 and not any("celeba" in e.name for e in ex)
     assert any(e.image.size == (8, 8) for e in ex)
@@ -217,11 +243,14 @@ def test_client_errors_are_messages(server, files):
     for bad, why in [("truncated", "not a readable image"), ("empty", "empty file"),
                      ("notes", "not a readable image"), ("huge", "too large")]:
         with pytest.raises(AppError, match=why):
-            client.predict(handle_file(files[bad]), "centre square", K, EPS, False, api_name="/upscale")
+            client.predict(handle_file(files[bad]), "", K, EPS, False, api_name="/upscale")
     with pytest.raises(AppError, match="Upload a photo"):
-        client.predict(None, "centre square", K, EPS, False, api_name="/upscale")
-    lr, face, note = client.predict(handle_file(files["astronaut"]), "centre square", api_name="/preview")
+        client.predict(None, "", K, EPS, False, api_name="/upscale")
+    with pytest.raises(AppError, match="2 faces found"):
+        client.predict(handle_file(files["pair"]), "3", K, EPS, False, api_name="/upscale")
+    lr, face, note, view, gallery = client.predict(handle_file(files["pair"]), "", api_name="/preview")
     assert Image.open(lr).size == (8, 8) and Image.open(face).size == (32, 32)  # the queue still serves
+    assert len(gallery) == 2 and "face 1 of 2" in note and Image.open(view).size == (640, 394)
 
 
 def fetch(file_data: dict) -> np.ndarray:
@@ -241,7 +270,7 @@ def test_client_upscale_matches_library(server, files, model):
     out = client.predict(handle_file(files["astronaut"]), "centre square", K, EPS, False, False, 1.0,
                          api_name="/upscale")
     lr_file, real_file, note, bicubic_file, status = out[:5]
-    exact_file, approx_file, stats = out[5], out[8], out[-1]
+    exact_file, approx_file, stats, pasted = out[5], out[8], out[-2], out[-1]
     lr, face = image_to_input(open_rgb(files["astronaut"]))
     assert (fetch(lr_file) == lr).all()
     assert (fetch(real_file) == face).all()
@@ -256,6 +285,7 @@ def test_client_upscale_matches_library(server, files, model):
         assert s["mean_block"] == pytest.approx(r.mean_block)
         assert s["speedup_calls"] == pytest.approx(3072 / r.calls)
     assert stats["approx"]["eps"] == EPS and "Done" in status
+    assert fetch(pasted).shape == (768, 768, 3)  # the centre square: the whole photo, 768 px at most
     assert stats["match_input"] is False and stats["prior_weight"] == 1.0
     # the defaults of a 5-argument call: "match the 8x8 input" on, the default input guidance; the
     # decodes differ from guidance 1's, and each is shown back-projected onto the 8x8 input
@@ -264,7 +294,7 @@ def test_client_upscale_matches_library(server, files, model):
         ref = decode(model, lr[None], options_for(mode, K, EPS, prior_weight=DEFAULT_PRIOR_WEIGHT)).images[0]
         assert (fetch(file) == match_input(ref, lr)).all() and not (ref == match_input(ref, lr)).all(), mode
         assert not (ref == decode(model, lr[None], options_for(mode, K, EPS)).images[0]).all(), mode
-    assert out[-1]["match_input"] is True and out[-1]["prior_weight"] == DEFAULT_PRIOR_WEIGHT
+    assert out[-2]["match_input"] is True and out[-2]["prior_weight"] == DEFAULT_PRIOR_WEIGHT
 
 
 def test_client_sample_is_the_librarys_speculative_sample(server, files, model):
@@ -277,7 +307,7 @@ def test_client_sample_is_the_librarys_speculative_sample(server, files, model):
     lr, _ = image_to_input(open_rgb(files["astronaut"]))
     ref = decode(model, lr[None], options_for("sample", K, EPS, temperature=0.8, seed=3, prior_weight=1.0))
     assert (fetch(out[14]) == ref.images[0]).all()
-    s = out[-1]["sample"]
+    s = out[-2]["sample"]
     assert (s["k"], s["temperature"], s["seed"], s["block_hist"]) == (K, 0.8, 3, ref.stats[0].block_hist)
     assert s["mean_block"] > 1
     other = client.predict(*args, 4, api_name="/upscale")
@@ -317,18 +347,39 @@ def test_browser(server, files, tmp_path, monkeypatch):
             page.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "data:", "blob:"))
                     else outside.append(r.url))
             page.goto(server)
-            page.locator("#photo input[type=file]").set_input_files(files["astronaut"])
+            page.locator("#photo input[type=file]").set_input_files(files["pair"])
             expect(page.locator("#lr img")).to_be_visible(timeout=30_000)  # the 8x8 the model sees
-            expect(page.locator("#note")).to_contain_text("512x512 photo: centre square", timeout=30_000)
+            expect(page.locator("#note")).to_contain_text("face 1 of 2 found", timeout=30_000)  # the largest
             # the input guidance slider starts at the library's default
             expect(page.locator("#guidance input[type=number]")).to_have_value(f"{DEFAULT_PRIOR_WEIGHT:g}")
-            page.get_by_label("detect face").check()  # crop to the face the cascade finds
-            expect(page.locator("#note")).to_contain_text("detected face", timeout=30_000)
+            expect(page.locator("#faces img")).to_have_count(2, timeout=30_000)  # the gallery of faces found
+            page.locator("#faces img").nth(1).click()
+            expect(page.locator("#choice textarea, #choice input").first).to_have_value("2", timeout=30_000)
+            expect(page.locator("#note")).to_contain_text("face 2 of 2 found", timeout=30_000)
+            # a box drawn by two clicks on the photo (640 px shown for 832: the photo's px are 1.3x)
+            view = page.locator("#view img")
+            expect(view).to_be_visible(timeout=30_000)
+            box = view.bounding_box()
+            natural = view.evaluate("i => [i.naturalWidth, i.naturalHeight]")
+            k = box["width"] / natural[0]  # shown size / served size (object-fit keeps the ratio)
+            k = min(k, box["height"] / natural[1])
+            x0 = box["x"] + (box["width"] - natural[0] * k) / 2
+            y0 = box["y"] + (box["height"] - natural[1] * k) / 2
+            page.mouse.click(x0 + 400 * k, y0 + 150 * k)
+            page.wait_for_timeout(1500)  # the first corner is marked before the second click
+            page.mouse.click(x0 + 440 * k, y0 + 200 * k)
+            expect(page.locator("#note")).to_contain_text("the box", timeout=30_000)
+            drawn = page.locator("#choice textarea, #choice input").first.input_value()
+            l, t, r, b = (float(v) for v in drawn.split(","))
+            assert abs(l - 400 * 1.3) < 8 and abs(b - 200 * 1.3) < 8 and r - l > 40, drawn
+            page.locator("#faces img").nth(0).click()  # back to the largest face: the one decoded
+            expect(page.locator("#note")).to_contain_text("face 1 of 2 found", timeout=30_000)
             page.locator("#go").click()
             expect(page.locator("#stats-exact")).to_contain_text("decoding", timeout=30_000)  # live
             expect(page.locator("#stats-approx")).to_contain_text("done", timeout=300_000)
             expect(page.locator("#stats-exact")).to_contain_text("model calls", timeout=30_000)
             expect(page.locator("#status")).to_contain_text("Done", timeout=60_000)
+            expect(page.locator("#pasted img")).to_be_visible(timeout=30_000)  # the result in the photo
             for el in ("#out-exact img", "#out-approx img", "#map-exact img", "#bicubic img", "#real img"):
                 page.wait_for_function("s => { const i = document.querySelector(s); "
                                        "return i && i.complete && i.naturalWidth > 0; }", arg=el)

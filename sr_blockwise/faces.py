@@ -1,0 +1,333 @@
+"""Faces in real photos: detect them with landmarks, align each to the framing the model was
+trained on, and paste results back into the photo.
+
+The model learned faces as CelebA's aligned photos frame them after the paper's crop (eyes at
+fixed places, some hair and background around). A user's photo is framed any way, so each face
+goes through the four steps of the face restoration tools (facexlib's FaceRestoreHelper):
+
+1. detect: MTCNN (facenet-pytorch, whose wheel ships the weights: nothing is downloaded) gives a
+   box and five landmarks (eyes, nose, mouth corners) per face; a large photo is detected on a
+   reduced copy;
+2. align: the similarity transform (rotation, scale, shift) that puts the landmarks where they
+   sit on average in the training crops (TEMPLATE, measured by experiments/face-alignment/
+   template.py) gives the face's 32x32 crop; where the crop leaves the photo, its pixels are
+   reflected; the crop is drawn at a whole multiple of 32 and box-averaged down (area
+   resampling, as the training crops were made); the 8x8 input is then made from the 32x32 crop
+   by data.image_to_input, as for every other input;
+3. the model upscales the 8x8 input (elsewhere);
+4. paste back: the photo enlarged 4x, each face's 32x32 result warped back with the inverse
+   transform and blended in with a feathered mask; pixels outside the masks stay the enlarged photo.
+
+A face too small to detect (a few pixels wide, in a crowd or a CCTV frame) can be given by its
+box instead: the box is framed as MTCNN's boxes sit in the training crops (TEMPLATE_BOX).
+
+Coordinates are continuous: pixel (col i, row j) covers [i, i+1) x [j, j+1), its centre at
+(i + 0.5, j + 0.5); points are (x, y).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image
+
+from .data import CELEBA_BOX, BadImage, center_square, image_to_input, photo_to_32, to_rgb
+
+# MTCNN's landmarks (left eye, right eye, nose, left and right mouth corner, as seen in the photo)
+# and face box (left, top, right, bottom), averaged over 200 training photos in the 32x32 training
+# crop: experiments/face-alignment/template.py prints them
+TEMPLATE = np.array([[11.64, 16.76], [20.69, 16.76], [16.03, 22.45], [12.06, 26.29], [20.17, 26.25]])
+TEMPLATE_BOX = (6.35, 6.31, 25.99, 32.93)
+# each landmark's weight in the fit: 1 / its variance about the template in those photos (the
+# eyes sit within 0.3-0.4 px, the nose within 1.2): CelebA's own alignment holds the eyes, and
+# so the fit holds them too
+LANDMARK_WEIGHTS = np.array([7.0, 8.8, 0.65, 3.0, 2.7])
+DETECT_MAX_SIDE = 1600  # photos are detected on a copy at most this large (faces >= ~20 px there)
+SMALL_SIDE = 320  # smaller photos are detected on a mirrored, enlarged copy
+MIN_FACE = 20  # MTCNN's smallest face (pixels, in the copy it detects on)
+MIN_SCORE = 0.9  # faces MTCNN is less sure of are dropped
+PASTE_SCALE = 4  # the model's factor: 8x8 -> 32x32
+PASTE_MAX_PIXELS = 64_000_000  # a pasted-back photo larger than this is made at a smaller scale
+FEATHER = 3.0  # width of the paste-back mask's soft edge, in pixels of the 32x32 result
+
+
+@lru_cache(maxsize=1)
+def detector():
+    """facenet-pytorch's MTCNN on the CPU (its weights load from its wheel, as state dicts)."""
+    import torch  # noqa: F401  (facenet_pytorch imports it; named here: this is where torch loads)
+    try:
+        from facenet_pytorch import MTCNN
+    except ImportError as e:
+        raise RuntimeError(f"face detection needs facenet-pytorch ({e}); ./setup.sh installs it "
+                           "(pip install --no-deps facenet-pytorch==2.6.0)") from None
+    return MTCNN(keep_all=True, device="cpu", min_face_size=MIN_FACE, select_largest=True)
+
+
+@dataclass
+class Face:
+    """One face of a photo and how it maps onto the 32x32 training framing."""
+    box: tuple[float, float, float, float]  # left, top, right, bottom in the photo's pixels
+    landmarks: np.ndarray | None  # (5, 2) x, y in the photo's pixels; None for a drawn box
+    score: float  # the detector's confidence; 1.0 for a drawn box, 0.0 for the centre square
+    matrix: np.ndarray  # (3, 3): photo point -> point of the 32x32 crop
+    crop: np.ndarray  # (32, 32, 3) uint8: the aligned face, the model's framing
+    lr: np.ndarray  # (8, 8, 3) uint8: what the model sees (data.image_to_input of the crop)
+    how: str  # "detected", "box" or "centre square"
+
+    @property
+    def size(self) -> float:
+        """The face's side in the photo's pixels (the crop's 32 px span 32 / scale of them)."""
+        return 32 / math.hypot(self.matrix[0, 0], self.matrix[1, 0])
+
+    def as_dict(self) -> dict:
+        return {"box": [round(float(v), 1) for v in self.box], "score": round(float(self.score), 4),
+                "landmarks": None if self.landmarks is None else np.round(self.landmarks, 1).tolist(),
+                "crop_side": round(self.size, 1), "how": self.how}
+
+
+# ---------------------------------------------------------------- detection
+
+def detect(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float = MIN_SCORE
+           ) -> list[tuple[np.ndarray, float, np.ndarray]]:
+    """Faces MTCNN finds: [(box (4,), score, landmarks (5, 2))] in the photo's pixels, largest first.
+    A photo larger than max_side is detected on a box-reduced copy. A small photo (a tight face
+    crop, e.g. 25x25) is detected on a copy mirrored outward by a quarter of its size on each side
+    (MTCNN needs some context around a face) and enlarged to SMALL_SIDE."""
+    img = to_rgb(img)
+    a, pad = np.asarray(img), 0
+    if max(img.size) < SMALL_SIDE:
+        pad = max(img.size) // 4
+        a = np.pad(a, ((pad, pad), (pad, pad), (0, 0)), mode="symmetric")
+    scale = min(max_side, max(SMALL_SIDE, max(a.shape[:2]))) / max(a.shape[:2])
+    work = Image.fromarray(a)
+    if scale != 1:
+        work = work.resize((max(1, round(work.width * scale)), max(1, round(work.height * scale))),
+                           Image.Resampling.BOX if scale < 1 else Image.Resampling.BICUBIC)
+    if min(work.size) < MIN_FACE:
+        return []
+    import torch
+    with torch.inference_mode():
+        boxes, scores, marks = detector().detect(work, landmarks=True)
+    if boxes is None:
+        return []
+    sx, sy = a.shape[1] / work.width, a.shape[0] / work.height  # exact, whatever the rounding
+    found = [(np.asarray(b, float) * [sx, sy, sx, sy] - pad, float(s), np.asarray(m, float) * [sx, sy] - pad)
+             for b, s, m in zip(boxes, scores, marks) if s >= min_score]
+    return sorted(found, key=lambda f: -(f[0][2] - f[0][0]) * (f[0][3] - f[0][1]))
+
+
+# ---------------------------------------------------------------- alignment
+
+def similarity(src: np.ndarray, dst: np.ndarray, weights=None) -> np.ndarray:
+    """The weighted least-squares similarity transform (rotation, uniform scale, shift) taking
+    points src to dst (Umeyama's solution), as a (3, 3) matrix."""
+    src, dst = np.asarray(src, float), np.asarray(dst, float)
+    w = np.ones(len(src)) if weights is None else np.asarray(weights, float)
+    w = w / w.sum()
+    ms, md = w @ src, w @ dst
+    s, d = src - ms, dst - md
+    var = w @ (s * s).sum(1)
+    if not (var > 1e-12 and np.isfinite(var)):
+        raise BadImage("the face's landmarks do not define an alignment")
+    u, sig, vt = np.linalg.svd((d * w[:, None]).T @ s)
+    flip = np.diag([1.0, np.sign(np.linalg.det(u) * np.linalg.det(vt)) or 1.0])  # a rotation, never a mirror
+    rot = u @ flip @ vt
+    scale = np.trace(np.diag(sig) @ flip) / var
+    m = np.eye(3)
+    m[:2, :2], m[:2, 2] = scale * rot, md - scale * rot @ ms
+    return m
+
+
+def box_matrix(box) -> np.ndarray:
+    """A face box (left, top, right, bottom) -> the transform that frames it as MTCNN's boxes
+    sit in the training crops (TEMPLATE_BOX): scale by the mean side, centres matched, no rotation."""
+    l, t, r, b = (float(v) for v in box)
+    if not (r > l and b > t):
+        raise BadImage(f"a face box needs right > left and bottom > top, got {tuple(box)}")
+    tl, tt, tr, tb = TEMPLATE_BOX
+    s = ((tr - tl) + (tb - tt)) / ((r - l) + (b - t))
+    cx, cy, tcx, tcy = (l + r) / 2, (t + b) / 2, (tl + tr) / 2, (tt + tb) / 2
+    return np.array([[s, 0, tcx - s * cx], [0, s, tcy - s * cy], [0, 0, 1]])
+
+
+def celeba_matrix() -> np.ndarray:
+    """The paper's crop of a CelebA-aligned 178x218 photo (data.CELEBA_BOX) as a transform."""
+    left, top, right, _ = CELEBA_BOX
+    s = 32 / (right - left)
+    return np.array([[s, 0, -s * left], [0, s, -s * top], [0, 0, 1]])
+
+
+def square_matrix(size: tuple[int, int]) -> np.ndarray:
+    """The centre square of a (width, height) photo as a transform: today's framing without a face."""
+    w, h = size
+    side = min(w, h)
+    left, top = (w - side) // 2, (h - side) // 2
+    s = 32 / side
+    return np.array([[s, 0, -s * left], [0, s, -s * top], [0, 0, 1]])
+
+
+def apply(matrix: np.ndarray, points) -> np.ndarray:
+    """(N, 2) points through a (3, 3) transform."""
+    p = np.asarray(points, float)
+    return p @ matrix[:2, :2].T + matrix[:2, 2]
+
+
+def warp_crop(img: Image.Image | np.ndarray, matrix: np.ndarray, size: int = 32) -> np.ndarray:
+    """The size x size crop that `matrix` maps the photo onto, as uint8. Sampled bilinearly at a
+    whole multiple of `size` (about one sample per photo pixel, at most 8x) and box-averaged down,
+    so a large face is area-resampled as the training crops were; points outside the photo take
+    the mirrored pixel inside it."""
+    from skimage.transform import warp
+    a = np.asarray(to_rgb(img) if isinstance(img, Image.Image) else img)
+    h, w = a.shape[:2]
+    inv = np.linalg.inv(matrix)
+    m = int(min(8, max(1, round(math.hypot(inv[0, 0], inv[1, 0]) * 32 / size))))  # photo px per crop px
+    n = size * m
+    corners = apply(inv, [[0, 0], [size, 0], [0, size], [size, size]])
+    # only the part of the photo the crop (and its mirror images at the edges) reads: a large
+    # photo is never converted to floats whole
+    lo, hi = np.floor(corners.min(0)) - 2, np.ceil(corners.max(0)) + 2
+    x0 = int(max(0, min(lo[0], 2 * w - hi[0]))); x1 = int(min(w, max(hi[0], -lo[0])))
+    y0 = int(max(0, min(lo[1], 2 * h - hi[1]))); y1 = int(min(h, max(hi[1], -lo[1])))
+    if x1 <= x0 or y1 <= y0:  # the crop lies wholly outside the photo: mirror the whole photo
+        x0, y0, x1, y1 = 0, 0, w, h
+    part = a[y0:y1, x0:x1]
+    # sample grid (n x n, pixel centres) -> crop point -> photo point -> index in `part`
+    to_part = np.array([[1, 0, -x0 - 0.5], [0, 1, -y0 - 0.5], [0, 0, 1]]) @ inv @ \
+        np.array([[1 / m, 0, 0.5 / m], [0, 1 / m, 0.5 / m], [0, 0, 1]])
+    # mode "symmetric" mirrors about the part's edges, which are the photo's where it was cut
+    # short; a part cut inside the photo is wide enough that nothing reads past it
+    out = warp(part, to_part, output_shape=(n, n), order=1, mode="symmetric", preserve_range=True)
+    out = out.reshape(size, m, size, m, 3).mean(axis=(1, 3))
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)
+
+
+def make_face(img: Image.Image, matrix: np.ndarray, box, landmarks, score: float, how: str) -> Face:
+    crop = warp_crop(img, matrix)
+    lr, _ = image_to_input(Image.fromarray(crop))  # the one 32x32 -> 8x8 of every path
+    return Face(tuple(float(v) for v in box), landmarks, float(score), matrix, crop, lr, how)
+
+
+def find_faces(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float = MIN_SCORE) -> list[Face]:
+    """Every face MTCNN finds in a photo, aligned to the training framing, largest first."""
+    img = to_rgb(img)
+    return [make_face(img, similarity(marks, TEMPLATE, LANDMARK_WEIGHTS), box, marks, score, "detected")
+            for box, score, marks in detect(img, max_side, min_score)]
+
+
+def face_in_box(img: Image.Image, box) -> Face:
+    """A face the user boxed (left, top, right, bottom in the photo's pixels), e.g. one too small
+    to detect, framed as detected faces' boxes are."""
+    img = to_rgb(img)
+    l, t, r, b = (float(v) for v in box)
+    if r <= 0 or b <= 0 or l >= img.width or t >= img.height:
+        raise BadImage(f"the box {tuple(box)} lies outside the {img.width}x{img.height} photo")
+    return make_face(img, box_matrix((l, t, r, b)), (l, t, r, b), None, 1.0, "box")
+
+
+def celeba_face(img: Image.Image, box=(20, 40, 158, 178), landmarks=None, score: float = 0.0) -> Face:
+    """The paper's crop of a CelebA-aligned 178x218 photo as a Face, resampled exactly as the
+    training crops were (data.photo_to_32)."""
+    crop = photo_to_32(img, celeba_aligned=True)
+    return Face(tuple(float(v) for v in box), landmarks, float(score), celeba_matrix(), crop,
+                image_to_input(Image.fromarray(crop))[0], "celeba crop")
+
+
+def centre_face(img: Image.Image) -> Face:
+    """The photo's centre square as a Face: the framing used when no face is found."""
+    img = to_rgb(img)
+    m = square_matrix(img.size)
+    inv = np.linalg.inv(m)
+    box = (*apply(inv, [[0, 0]])[0], *apply(inv, [[32, 32]])[0])
+    crop = np.asarray(center_square(img).resize((32, 32), Image.Resampling.BOX), dtype=np.uint8)
+    lr, _ = image_to_input(Image.fromarray(crop))
+    return Face(tuple(float(v) for v in box), None, 0.0, m, crop, lr, "centre square")
+
+
+# ---------------------------------------------------------------- paste back
+
+def paste_scale(size: tuple[int, int], scale: float = PASTE_SCALE, max_pixels: int = PASTE_MAX_PIXELS) -> float:
+    """The enlargement of a pasted-back photo: `scale`, less where the result would pass max_pixels."""
+    return min(float(scale), math.sqrt(max_pixels / (size[0] * size[1])))
+
+
+def feather_mask(points: np.ndarray, size: int = 32, feather: float = FEATHER) -> np.ndarray:
+    """The paste-back weight at crop points (N, 2): 1 inside, falling smoothly to 0 over
+    `feather` pixels at the crop's edges, 0 outside it."""
+    edge = np.minimum(np.minimum(points[:, 0], size - points[:, 0]), np.minimum(points[:, 1], size - points[:, 1]))
+    t = np.clip(edge / feather, 0, 1)
+    return t * t * (3 - 2 * t)  # smoothstep: no visible seam
+
+
+def paste_back(img: Image.Image, faces: list[Face], outputs, scale: float = PASTE_SCALE) -> np.ndarray:
+    """The photo enlarged `scale` times (bicubic) with each face replaced by its 32x32 output
+    (model result), warped back with the inverse of the face's transform and blended in with a
+    feathered mask. Pixels outside every face's mask are the enlarged photo's, untouched."""
+    from scipy.ndimage import map_coordinates
+    img = to_rgb(img)
+    W, H = round(img.width * scale), round(img.height * scale)
+    canvas = np.array(img.resize((W, H), Image.Resampling.BICUBIC))  # uint8: only face regions become floats
+    for face, out in zip(faces, outputs):
+        out = np.asarray(out, dtype=np.float64)
+        # enlarged-photo point -> crop point
+        to_crop = face.matrix @ np.array([[1 / scale, 0, 0], [0, 1 / scale, 0], [0, 0, 1]])
+        corners = apply(np.linalg.inv(to_crop), [[0, 0], [32, 0], [0, 32], [32, 32]])
+        x0, y0 = np.maximum(np.floor(corners.min(0)).astype(int), 0)
+        x1, y1 = np.minimum(np.ceil(corners.max(0)).astype(int), [W, H])
+        if x1 <= x0 or y1 <= y0:
+            continue
+        for top in range(y0, y1, 256):  # strips of rows: a large face's floats stay small
+            bottom = min(y1, top + 256)
+            ys, xs = np.mgrid[top:bottom, x0:x1]
+            pts = apply(to_crop, np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5], 1))  # pixel centres
+            weight = feather_mask(pts).reshape(ys.shape)[..., None]
+            # the output's pixel centres are at i + 0.5: index = point - 0.5; edges clamp ("nearest")
+            face_px = np.stack([map_coordinates(out[..., c], [pts[:, 1] - 0.5, pts[:, 0] - 0.5], order=1,
+                                                mode="nearest") for c in range(3)], -1).reshape(*ys.shape, 3)
+            region = canvas[top:bottom, x0:x1]
+            blend = weight * face_px + (1 - weight) * region
+            blend = np.clip(np.round(blend), 0, 255).astype(np.uint8)
+            canvas[top:bottom, x0:x1] = np.where(weight > 0, blend, region)
+    return canvas
+
+
+# ---------------------------------------------------------------- what every front end calls
+
+WHICH = ("largest", "all")
+IF_NONE = ("centre", "skip", "error")
+
+
+def faces_of(img: Image.Image, which: str = "largest", boxes=(), if_none: str = "centre",
+             max_side: int = DETECT_MAX_SIDE) -> tuple[list[Face], str]:
+    """A photo -> the faces to upscale, and a line saying what was found. `boxes` (left, top,
+    right, bottom) are faces given by hand: they are used as they are, and detection is skipped.
+    Otherwise the detected faces, largest first (`which`: largest, or all). No face found:
+    `if_none` centre (the centre square, today's framing), skip (no faces) or error (BadImage)."""
+    if which not in WHICH:
+        raise ValueError(f"faces={which!r}: choose from {', '.join(WHICH)}")
+    if if_none not in IF_NONE:
+        raise ValueError(f"if_none={if_none!r}: choose from {', '.join(IF_NONE)}")
+    img = to_rgb(img)
+    if 0 in img.size:
+        raise BadImage(f"image is {img.width}x{img.height}: it has no pixels")
+    if boxes:
+        faces = [face_in_box(img, b) for b in boxes]
+        return faces, f"{len(faces)} face{'s' * (len(faces) != 1)} from the given box{'es' * (len(faces) != 1)}"
+    found = find_faces(img, max_side)
+    if found and img.size == (178, 218):
+        # a CelebA-aligned photo: its largest face keeps the paper's crop, the training framing
+        # itself (landmark alignment came within noise of it on held-out faces, not better)
+        f = found[0]
+        found[0] = celeba_face(img, f.box, f.landmarks, f.score)
+    if found:
+        kept = found[:1] if which == "largest" else found
+        return kept, (f"{len(found)} face{'s' * (len(found) != 1)} found"
+                      + (", the largest used" if len(found) > len(kept) else ""))
+    msg = f"no face found in the {img.width}x{img.height} photo"
+    if if_none == "error":
+        raise BadImage(msg + "; draw a box around the face")
+    if if_none == "skip":
+        return [], msg
+    return [centre_face(img)], msg + ": its centre square is used"

@@ -1,0 +1,168 @@
+"""Faces in real photos (sr_blockwise.faces): MTCNN detection, alignment to the training template,
+paste-back. Real photos: scikit-image's astronaut and held-out CelebA photos; the real detector."""
+import math
+
+import numpy as np
+import pytest
+import skimage.data
+from PIL import Image
+
+from sr_blockwise import faces as F
+from sr_blockwise.data import DEFAULT_DATA, BadImage, CELEBA_BOX, downsample_8
+
+
+@pytest.fixture(scope="module")
+def astronaut():
+    return Image.fromarray(skimage.data.astronaut())
+
+
+@pytest.fixture(scope="module")
+def celeba_photos():
+    folder = DEFAULT_DATA / "celeba" / "img_align_celeba"
+    if not folder.is_dir():
+        import os
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"CelebA photos not found at {folder}")
+    # held-out test ids (id % 16 == 0, test partition: ids after 182637)
+    files = sorted(f for f in folder.glob("*.jpg") if int(f.stem) > 182637 and int(f.stem) % 16 == 0)
+    return [Image.open(f).convert("RGB") for f in files[:3]]
+
+
+def rotate(img: Image.Image, degrees: float, scale: float, shift=(0, 0), size=None) -> tuple[Image.Image, np.ndarray]:
+    """The photo moved by a known similarity (about its centre): the new photo and the (3, 3)
+    matrix from old photo points to new ones."""
+    w, h = img.size
+    W, H = size or (w, h)
+    th = math.radians(degrees)
+    c, s = scale * math.cos(th), scale * math.sin(th)
+    cx, cy = w / 2, h / 2
+    m = np.array([[c, -s, W / 2 + shift[0] - c * cx + s * cy], [s, c, H / 2 + shift[1] - s * cx - c * cy], [0, 0, 1]])
+    inv = np.linalg.inv(m)
+    out = img.transform((W, H), Image.Transform.AFFINE, tuple(inv[:2].ravel()), Image.Resampling.BICUBIC)
+    return out, m
+
+
+def test_detects_the_astronaut_with_landmarks(astronaut):
+    (box, score, marks), = F.detect(astronaut)
+    left, top, right, bottom = box
+    assert 150 < left < right < 300 and 40 < top < bottom < 200 and score > 0.99
+    eyes, nose, mouth = marks[:2], marks[2], marks[3:]
+    assert eyes[0, 0] < eyes[1, 0] and mouth[0, 0] < mouth[1, 0]  # left and right as seen
+    assert eyes[:, 1].max() < nose[1] < mouth[:, 1].min()  # eyes above the nose above the mouth
+    assert all(left <= x <= right and top <= y <= bottom for x, y in marks)
+    # a large photo is detected on a reduced copy; boxes come back in its own pixels
+    (big, _, big_marks), = F.detect(astronaut.resize((2048, 2048), Image.Resampling.BICUBIC), max_side=512)
+    assert np.abs(big / 4 - box).max() < 6 and np.abs(big_marks / 4 - marks).max() < 4
+    assert F.detect(Image.new("RGB", (300, 200), "white")) == []
+    assert F.detect(Image.new("RGB", (5, 3), "white")) == []
+
+
+def test_aligned_crop_puts_the_landmarks_on_the_template_and_back(astronaut):
+    """Warp the face onto the template (drawn 4x larger, 128x128), detect it there, and map those
+    landmarks back with the inverse transform: they land where they were in the photo."""
+    face, = F.find_faces(astronaut)
+    assert face.crop.shape == (32, 32, 3) and (face.lr == downsample_8(face.crop)).all()
+    assert np.abs(F.apply(face.matrix, face.landmarks) - F.TEMPLATE).max() < 1.5  # least squares fit
+    up4 = np.diag([4.0, 4.0, 1.0]) @ face.matrix
+    big = Image.fromarray(F.warp_crop(astronaut, up4, size=128))
+    (_, _, marks), = F.detect(big)
+    assert np.abs(marks / 4 - F.TEMPLATE).max() < 1.5  # in the crop: at the template
+    back = F.apply(np.linalg.inv(up4), marks)
+    assert np.abs(back - face.landmarks).max() < 4  # px of a 512x512 photo; the face is ~140 px wide
+
+
+def test_alignment_undoes_rotation_scale_and_shift(celeba_photos):
+    """The same face moved by a known similarity gives the same aligned crop."""
+    for photo in celeba_photos:
+        face, = F.find_faces(photo)[:1]
+        moved, m = rotate(photo, 20, 0.8, (15, -10), size=(260, 260))
+        again, = F.find_faces(moved)[:1]
+        # the moved photo's alignment composed with the move is the photo's: the same angle,
+        # scale and place (up to the detector's landmark noise)
+        both = again.matrix @ m
+        angle = math.degrees(math.atan2(both[1, 0], both[0, 0]) - math.atan2(face.matrix[1, 0], face.matrix[0, 0]))
+        assert abs(angle) < 5 and abs(again.size / (0.8 * face.size) - 1) < 0.08, (angle, again.size, face.size)
+        assert np.abs(F.apply(both, [[89, 109]]) - F.apply(face.matrix, [[89, 109]])).max() < 2  # crop px
+        # the face itself (the crop's middle; its rim reaches past the moved photo's black border)
+        diff = np.abs(again.crop.astype(int) - face.crop.astype(int))[8:26, 8:24]
+        assert diff.mean() < 12, diff.mean()  # resampled twice, and the landmarks move a little
+        moved_back = F.apply(np.linalg.inv(m), again.landmarks)  # the landmarks land where they were
+        assert np.abs(moved_back - face.landmarks).max() < 5  # px of the 178x218 photo
+
+
+def test_template_is_the_training_framing(celeba_photos):
+    """On CelebA's own photos the aligned crop is close to the paper's crop (the training framing)."""
+    for photo in celeba_photos:
+        face, = F.find_faces(photo)[:1]
+        paper = np.asarray(photo.crop(CELEBA_BOX).resize((32, 32), Image.Resampling.BOX), dtype=int)
+        corners = F.apply(np.linalg.inv(face.matrix), [[0, 0], [32, 32]])
+        assert np.abs(corners - [CELEBA_BOX[:2], CELEBA_BOX[2:]]).max() < 12  # px of 178x218
+        assert np.abs(face.crop.astype(int) - paper).mean() < 20
+        # what the front ends use for a CelebA-aligned photo: the paper's crop itself
+        (used,), _ = F.faces_of(photo)
+        assert used.how == "celeba crop" and (used.crop == paper).all()
+
+
+def test_reflected_borders_and_area_resampling():
+    grid = np.zeros((64, 64, 3), np.uint8)
+    grid[:, ::2] = 255  # one-pixel stripes: area averaging gives grey, point sampling would not
+    half = np.array([[0.5, 0, 0], [0, 0.5, 0], [0, 0, 1.0]])  # 64x64 -> 32x32
+    crop = F.warp_crop(grid, half)
+    assert np.abs(crop.astype(int) - 128).max() <= 1
+    img = np.arange(32 * 32 * 3, dtype=np.uint8).reshape(32, 32, 3)
+    assert (F.warp_crop(img, np.eye(3)) == img).all()  # the identity is exact
+    shifted = F.warp_crop(img, np.array([[1, 0, 4.0], [0, 1, 0], [0, 0, 1]]))  # 4 px past the left edge
+    assert (shifted[:, 4:] == img[:, :28]).all()
+    assert (shifted[:, :4] == img[:, 3::-1]).all()  # mirrored, as np.pad's "symmetric"
+
+
+def test_box_and_centre_square(astronaut):
+    face = F.face_in_box(astronaut, (181, 62, 268, 172))  # about the detector's box
+    detected, = F.find_faces(astronaut)
+    assert np.abs(face.crop.astype(int) - detected.crop.astype(int)).mean() < 25
+    assert face.how == "box" and face.landmarks is None
+    tiny = F.face_in_box(astronaut, (220, 110, 228, 118))  # an 8 px face box: a crop of ~11 px
+    assert tiny.crop.shape == (32, 32, 3) and 10 < tiny.size < 12
+    for bad, why in [((10, 10, 5, 20), "right > left"), ((600, 600, 700, 700), "outside")]:
+        with pytest.raises(BadImage, match=why):
+            F.face_in_box(astronaut, bad)
+    c = F.centre_face(Image.new("RGB", (40, 20), "red"))
+    assert c.how == "centre square" and c.box == (10.0, 0.0, 30.0, 20.0) and tuple(c.crop[0, 0]) == (255, 0, 0)
+
+
+def test_faces_of_says_what_it_found(astronaut):
+    wall = Image.new("RGB", (200, 100), (90, 120, 150))
+    assert F.faces_of(wall, if_none="skip") == ([], "no face found in the 200x100 photo")
+    with pytest.raises(BadImage, match="no face found"):
+        F.faces_of(wall, if_none="error")
+    (c,), note = F.faces_of(wall)
+    assert c.how == "centre square" and "centre square" in note
+    pair = Image.fromarray(np.concatenate([np.asarray(astronaut), np.asarray(astronaut.resize((256, 256)))[:, :, :]
+                                           .repeat(2, 0).repeat(2, 1)[:512]], 1))
+    both, note = F.faces_of(pair, "all")
+    assert len(both) == 2 and note == "2 faces found"
+    assert both[0].size >= both[1].size  # largest first
+    one, note = F.faces_of(pair, "largest")
+    assert len(one) == 1 and "the largest used" in note
+    with pytest.raises(ValueError, match="choose from"):
+        F.faces_of(pair, "some")
+
+
+def test_paste_back_changes_only_the_faces(astronaut):
+    found = F.find_faces(astronaut)
+    out = np.full((32, 32, 3), (0, 255, 0), np.uint8)  # a green "result": easy to find
+    pasted = F.paste_back(astronaut, found, [out])
+    plain = np.asarray(astronaut.resize((2048, 2048), Image.Resampling.BICUBIC))
+    assert pasted.shape == plain.shape
+    # where the mask is 0 (outside the warped-back crop) the pixels are the enlarged photo's
+    ys, xs = np.mgrid[0:2048, 0:2048]
+    to_crop = found[0].matrix @ np.diag([0.25, 0.25, 1])
+    pts = F.apply(to_crop, np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5], 1))
+    weight = F.feather_mask(pts).reshape(2048, 2048)
+    assert (pasted[weight == 0] == plain[weight == 0]).all()
+    assert (weight > 0).mean() > 0.05  # the face is there
+    # where the mask is 1, the result replaces the photo
+    inside = pasted[weight == 1]
+    assert (np.abs(inside.astype(int) - (0, 255, 0)) <= 1).all()
+    # the smaller scale for a large photo
+    assert F.paste_scale((4000, 3000)) == pytest.approx(math.sqrt(64e6 / 12e6))
+    assert F.paste_scale((100, 100)) == 4
