@@ -6,7 +6,7 @@ cd "$(dirname "$0")"
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import sr_blockwise, torch, gradio, playwright, xdist, requests" 2>/dev/null; then
+if ! .venv/bin/python -c "import sr_blockwise, torch, gradio, playwright, xdist, requests, hypothesis" 2>/dev/null; then
     .venv/bin/pip install --quiet -e ".[dev]"
 fi
 # face detection (sr_blockwise/faces.py): MTCNN and its weights, from a wheel that pins torch<2.3,
