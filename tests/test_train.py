@@ -198,6 +198,17 @@ def test_bad_inputs_touch_no_checkpoint(small_data, tmp_path, monkeypatch):
     assert ck.stat().st_mtime_ns == stamp
 
 
+def test_train_command_has_an_option_for_every_config_field_with_its_default():
+    """`sr-blockwise train` builds TrainConfig from options named after its fields: without
+    options it is the dataclass's default config, and each option lands in its field."""
+    from dataclasses import replace
+
+    from sr_blockwise.cli import build_parser, config_from
+    parse = lambda *a: config_from(TrainConfig, build_parser().parse_args(["train", *a]))
+    assert parse() == TrainConfig()
+    assert parse("--run-name", "r", "--fp32", "--weight-decay", "0.1", "--head-window", "2", "--stage", "heads") == \
+        replace(TrainConfig(), run="r", bf16=False, weight_decay=0.1, head_window=2, stage="heads")
+
 def test_ddp_two_cpu_processes(small_data, tmp_path):
     env = {**os.environ, "SR_BLOCKWISE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
