@@ -57,6 +57,16 @@ def test_evaluate_command_has_an_option_for_every_config_field_with_its_default(
                  "-n", "7") == replace(ev.EvalConfig(), ks=[2, 6], modes=["exact", "eps=1"], json_path="r.json",
                                        progress=False, n_images=7)
 
+def test_a_command_missing_an_optional_package_names_its_extra(tiny_weights, celeba_npz, tmp_path, monkeypatch,
+                                                                capsys):
+    """The perceptual metric is the `eval` extra: without it, `evaluate` stops with the pip
+    command that installs it (exit 2), not a traceback."""
+    import sys
+    monkeypatch.setitem(sys.modules, "stlpips_pytorch", None)  # imports of it fail, as when not installed
+    assert main(["evaluate", "--weights", tiny_weights, "--data", str(celeba_npz), "--limit", "1",
+                 "--perceptual", "stlpips", "--out", str(tmp_path), "--cache-dir", "none", "--quiet"]) == 2
+    assert "pip install 'sr-blockwise[eval]'" in capsys.readouterr().err
+
 def test_infer_variant():
     assert ev.infer_variant("cpu-frozen", {}) == "frozen"
     assert ev.infer_variant("cpu-finetuned", {}) == "fine-tuned"

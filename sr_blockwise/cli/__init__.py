@@ -47,12 +47,25 @@ def config_from(config, args: argparse.Namespace, **overrides):
                      for f in fields(config)})
 
 
+# packages only some commands need, by the pyproject extra that installs them (the base install
+# decodes, upscales and trains without them)
+EXTRAS = {"gradio": "demo", "stlpips_pytorch": "eval", "torchvision": "eval", "torchsummary": "eval",
+          "IPython": "eval"}
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rc = args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"sr-blockwise {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        extra = EXTRAS.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"sr-blockwise {args.command}: error: this needs the package {e.name}, which the base install "
+              f"leaves out: pip install 'sr-blockwise[{extra}]'", file=sys.stderr)
         return 2
     return int(rc or 0)
 
