@@ -12,8 +12,8 @@ Deviations from the paper, each for a reason written next to it:
   k <= K, and the cost of k heads grows as k^2/2 instead of K^2;
 - head1="base" (default) makes p1 the untouched base logits, so a frozen base decodes exactly
   like the base; head1="layer" routes p1 through the head layer as the paper does;
-- every head's logits get the model's input prior (lr_prior, `ImageTransformerSR.prior`) at its
-  own target position;
+- every head's logits get the model's input prior (lr_prior, `ImageTransformerSR.with_prior`) at
+  its own target position;
 - nbr_prior=True (the cpu preset) gives heads 2..K a learned log-prior over the offset of the
   intensity they predict from two intensities already decoded: the nearest one of the same
   channel to its left in the row, and the one above. Why: on cpu-frozen's greedy outputs, heads 2
@@ -206,7 +206,7 @@ def _heads_before_nbr(model: ImageTransformerSR, h, k, src, pos, prior_weight=1.
     pos = full_positions(h) if pos is None else pos
     if pos is not None:
         pos = pos.unsqueeze(-1) + torch.arange(k, device=h.device)
-    return model._with_prior(z, src, pos, prior_weight), pos
+    return model.with_prior(z, src, pos, prior_weight), pos
 
 
 def head_logits(model: ImageTransformerSR, h: torch.Tensor, k: int, src: torch.Tensor | None = None,

@@ -352,7 +352,9 @@ class ImageTransformerSR(nn.Module):
         prior = offset_log_prior(self.lr_prior, self.tgt_ch[pos], self.cell_intensity(src, pos))
         return prior if weight == 1 else prior * weight
 
-    def _with_prior(self, logits, src, pos, weight: float = 1.0):
+    def with_prior(self, logits, src, pos, weight: float = 1.0):
+        """logits (B, ..., 256) at target positions pos (B, ...) plus lr_prior's (times weight);
+        unchanged without lr_prior. p1 and every head get it (heads.py)."""
         if self.lr_prior is None:
             return logits
         if src is None or pos is None:
