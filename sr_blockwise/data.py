@@ -21,6 +21,13 @@ import numpy as np
 from PIL import ExifTags, Image, ImageOps
 from tqdm import tqdm
 
+# the token layout the model reads and writes: intensities in raster order (row, column, channel)
+IMAGE_SIZE = 32
+INPUT_SIZE = 8
+CHANNELS = 3
+SEQ_LEN = IMAGE_SIZE * IMAGE_SIZE * CHANNELS  # 3072 target tokens
+SRC_LEN = INPUT_SIZE * INPUT_SIZE * CHANNELS  # 192 source tokens
+VOCAB = 256
 CELEBA_BOX = (20, 40, 158, 178)  # left, top, right, bottom: the 138x138 crop of tensor2tensor
 # Photos up to FULL_READ_PIXELS are decoded at full size (up to 120 MB of RGB), so their inputs
 # are exactly those of a full-resolution read. Larger ones, up to Pillow's decompression-bomb

@@ -15,6 +15,12 @@ exactly the distribution of plain sampling (one token per call), in fewer calls.
 Each image keeps its own position and accepted length: finished images leave the batch, and
 every call has the same shape (k tokens per image), so an image's output does not depend on the
 batch it was decoded in.
+
+`decode` on the torch engine is a short loop over named stages: `_start` (encode, the first
+call, the first proposals), then per call `_verify` (feed the proposals, apply the acceptance
+rule: one function per rule, `ACCEPT`, or speculative sampling's), `_commit` (write the accepted
+tokens) and `_propose` (the next block from the last accepted state). The native engine
+(engine.cpp) runs the same stages inside one call per step.
 """
 from __future__ import annotations
 
@@ -278,24 +284,43 @@ def pooled_block_hist(stats: list[DecodeStats]) -> tuple[np.ndarray, float]:
     return hist, SEQ_LEN * len(stats) / int(hist.sum())
 
 
+# ---------------------------------------------------------------- acceptance rules
+# Each rule: proposals p (b, k-1) (heads 2..k's) and p1's logits lg (b, k-1, 256) at the positions
+# that predict them -> (b, k-1) bool, which proposals p1 accepts one by one. A block keeps the
+# sure first token plus the longest accepted prefix of the rest.
+
+def accept_exact(p: torch.Tensor, lg: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:
+    """The paper's exact rule: the proposal is p1's argmax (the output is greedy decoding's)."""
+    return p == lg.argmax(-1)
+
+
+def accept_eps(p: torch.Tensor, lg: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:
+    """Approximate: within opts.eps intensity levels of p1's argmax."""
+    return (p - lg.argmax(-1)).abs() <= opts.eps
+
+
+def accept_topk(p: torch.Tensor, lg: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:
+    """Approximate: among p1's opts.top_k most likely values."""
+    return (lg.topk(opts.top_k, dim=-1).indices == p.unsqueeze(-1)).any(-1)
+
+
+def accept_oracle(p: torch.Tensor, lg: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:
+    """Everything: k tokens per call, the speed upper bound (not a decoder)."""
+    return torch.ones_like(p, dtype=torch.bool)
+
+
+ACCEPT = {"exact": accept_exact, "eps": accept_eps, "topk": accept_topk, "oracle": accept_oracle}
+
+
 def accepted_length(props: torch.Tensor, verify_logits: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:
     """props: (B, k) proposals; verify_logits: (B, k, 256) p1 at the positions that predict
     props[:, 1:] (the last row predicts the token after the block). Returns (B,) accepted counts
-    in 1..k: the sure first token plus the longest agreeing prefix of the rest."""
+    in 1..k: the sure first token plus the longest prefix of the rest that opts.rule accepts,
+    at least opts.min_block."""
     B, k = props.shape
     if k == 1:
         return torch.ones(B, dtype=torch.long, device=props.device)
-    p = props[:, 1:]
-    lg = verify_logits[:, : k - 1]
-    best = lg.argmax(-1)
-    if opts.rule == "oracle":
-        ok = torch.ones_like(p, dtype=torch.bool)
-    elif opts.rule == "exact":
-        ok = p == best
-    elif opts.rule == "eps":
-        ok = (p - best).abs() <= opts.eps
-    else:  # topk
-        ok = (lg.topk(opts.top_k, dim=-1).indices == p.unsqueeze(-1)).any(-1)
+    ok = ACCEPT[opts.rule](props[:, 1:], verify_logits[:, : k - 1], opts)
     n = 1 + ok.long().cumprod(dim=1).sum(dim=1)
     return n.clamp(min=opts.min_block)
 
@@ -340,89 +365,144 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         raise ValueError(f"got {len(seeds)} seeds for {len(lr)} images")
     if engine_for(model, opts, engine) == "native":
         return _decode_native(model, lr, opts, progress, progress_every, proposer)
+    # the torch engine: start (prefill and the first proposals), then a call per block: verify
+    # the proposals, commit what the rule accepts, propose the next block from the last state
+    s = _start(model, lr, opts, seeds, proposer)
+    while len(s.rows):
+        _take_last_tokens(s)
+        if not len(s.rows):
+            break
+        h, n, verified = _verify(model, s, opts)
+        h_next, verified = _commit(s, h, n, verified)
+        if len(s.rows):
+            s.props, s.qlog = _propose(model, h_next, s.k, opts, opts.prior_weight, s.gen, s.t[s.rows], s.rows,
+                                       s.src, s.out, proposer, verified)
+        if progress is not None and s.n_calls % progress_every == 0:
+            progress(s.out[:, :SEQ_LEN].cpu().numpy(), s.t.cpu().numpy(), s.bmap[:, :SEQ_LEN].cpu().numpy(),
+                     s.n_calls)
+    return _finish(s, progress)
+
+
+# ---------------------------------------------------------------- the torch engine's stages
+
+@dataclass
+class _Batch:
+    """A batch decoding on the torch engine: every image's tokens so far and its statistics, and
+    the images still decoding (`rows`) with their current block's proposals."""
+    src: torch.Tensor  # (B, 192) the 8x8 inputs
+    cache: object  # model.KVCache
+    k: int
+    speculative: bool  # sampling with k > 1
+    gen: tuple | None  # _sampling_noise's tables when sampling
+    out: torch.Tensor  # (B, 3072 + k) confirmed tokens (past the end: room for a block's writes)
+    bmap: torch.Tensor  # (B, 3072 + k) length of the block each token came from
+    t: torch.Tensor  # (B,) confirmed tokens per image
+    hist: torch.Tensor  # (B, k) accepted block sizes' histogram
+    calls: torch.Tensor  # (B,) model calls each image took part in
+    finish: np.ndarray  # (B,) seconds from t0 until the image was finished
+    t0: float
+    rows: torch.Tensor = None  # images still decoding
+    props: torch.Tensor = None  # (len(rows), k) their proposals; the first is the sure token
+    qlog: torch.Tensor | None = None  # speculative sampling: the logits the drafts were drawn from
+    n_calls: int = 1  # batched model calls
+
+
+def _start(model, lr, opts: DecodeOptions, seeds, proposer) -> _Batch:
+    """Prefill: encode the inputs, run the first (prefix-free) call, and propose every image's
+    first block from it."""
     dev = next(model.parameters()).device
     src = torch.from_numpy(to_tokens(lr)).to(dev)
     B, k = src.shape[0], opts.k
-    w = opts.prior_weight
     t0 = time.perf_counter()
-
     cache = model.new_cache(src, max_extra=max(16, k))
-    out = torch.zeros(B, SEQ_LEN + k, dtype=torch.long, device=dev)
-    bmap = torch.zeros(B, SEQ_LEN + k, dtype=torch.long, device=dev)
-    t = torch.zeros(B, dtype=torch.long, device=dev)  # confirmed tokens per image
-    hist = torch.zeros(B, k, dtype=torch.long)
-    calls = torch.ones(B, dtype=torch.long)
-    finish = np.zeros(B)
     speculative = opts.temperature > 0 and k > 1
-    gen = _sampling_noise(B, opts, dev, seeds, speculative) if opts.temperature > 0 else None
-    qlog = None  # speculative sampling: the logits heads 2..k drew the block's drafts from
-
+    s = _Batch(src, cache, k, speculative,
+               gen=_sampling_noise(B, opts, dev, seeds, speculative) if opts.temperature > 0 else None,
+               out=torch.zeros(B, SEQ_LEN + k, dtype=torch.long, device=dev),
+               bmap=torch.zeros(B, SEQ_LEN + k, dtype=torch.long, device=dev),
+               t=torch.zeros(B, dtype=torch.long, device=dev), hist=torch.zeros(B, k, dtype=torch.long),
+               calls=torch.ones(B, dtype=torch.long), finish=np.zeros(B), t0=t0)
     h = model.step(cache, torch.full((B, 1), -1, dtype=torch.long, device=dev),
                    torch.zeros(B, dtype=torch.long, device=dev))[:, 0]
-    props, qlog = _propose(model, h, k, opts, w, gen, t, torch.arange(B, device=dev), src, out, proposer)
-    rows = torch.arange(B, device=dev)
-    n_calls = 1
-    ar = torch.arange(k, device=dev)
-    while len(rows):
-        tr = t[rows]
-        remaining = SEQ_LEN - tr
-        last = remaining == 1  # only the sure token is left: no call needed
-        if last.any():
-            r = rows[last]
-            out[r, tr[last]] = props[last, 0]
-            bmap[r, tr[last]] = 1
-            hist[r.cpu(), 0] += 1
-            t[r] += 1
-            finish[r.cpu().numpy()] = time.perf_counter() - t0
-            keep = ~last
-            rows, props, tr, remaining = rows[keep], props[keep], tr[keep], remaining[keep]
-            qlog = qlog[keep] if qlog is not None else None
-            if not len(rows):
-                break
-        h = model.step(cache, props, tr + 1, rows=None if len(rows) == B else rows)  # (b, k, d)
-        n_calls += 1
-        calls[rows.cpu()] += 1
-        nxt = None
-        if speculative:
-            plog = model.logits(h, src[rows], (tr + 1)[:, None] + ar, w)
-            u = gen[1][rows[:, None], (tr[:, None] + ar[1:]).clamp(max=SEQ_LEN - 1)]
-            n = speculative_accepted_length(props, plog, qlog, u, opts.temperature)
-            # the next block's sure token: p1's logits there are this call's (no second out_proj),
-            # and where draft n was rejected it is drawn from max(0, p - q) for that draft's q
-            b_ar = torch.arange(len(rows), device=dev)
-            nxt = (plog[b_ar, n - 1], qlog[b_ar, (n - 1).clamp(max=k - 2)], n < k)
-        elif k > 1:
-            n = accepted_length(props, model.logits(h, src[rows], (tr + 1)[:, None] + ar, w), opts)
-        else:
-            n = torch.ones(len(rows), dtype=torch.long, device=dev)
-        n = torch.minimum(n, remaining)
-        # write the accepted tokens (positions past n are masked out of the write)
-        pos = tr[:, None] + ar
-        keep_tok = ar[None, :] < n[:, None]
-        out[rows[:, None].expand(-1, k)[keep_tok], pos[keep_tok]] = props[keep_tok]
-        bmap[rows[:, None].expand(-1, k)[keep_tok], pos[keep_tok]] = n[:, None].expand(-1, k)[keep_tok]
-        hist[rows.cpu(), (n - 1).cpu()] += 1
-        t[rows] = tr + n
-        done = t[rows] >= SEQ_LEN
-        if done.any():
-            finish[rows[done].cpu().numpy()] = time.perf_counter() - t0
-        # the next block's proposals come from the state at the last accepted position
-        h_next = h[torch.arange(len(rows), device=dev), n - 1]
-        live = ~done
-        rows, h_next = rows[live], h_next[live]
-        nxt = tuple(x[live] for x in nxt) if nxt is not None else None
-        if len(rows):
-            props, qlog = _propose(model, h_next, k, opts, w, gen, t[rows], rows, src, out, proposer, nxt)
-        if progress is not None and n_calls % progress_every == 0:
-            progress(out[:, :SEQ_LEN].cpu().numpy(), t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
+    s.rows = torch.arange(B, device=dev)
+    s.props, s.qlog = _propose(model, h, k, opts, opts.prior_weight, s.gen, s.t, s.rows, src, s.out, proposer)
+    return s
 
-    seconds = time.perf_counter() - t0
-    tokens = out[:, :SEQ_LEN].clamp(0, 255).cpu().numpy()
-    stats = [DecodeStats(int(calls[i]), hist[i].tolist(), float(finish[i])) for i in range(B)]
+
+def _take_last_tokens(s: _Batch) -> None:
+    """Images with one token left take their sure token without a call, and leave the batch."""
+    tr = s.t[s.rows]
+    last = SEQ_LEN - tr == 1
+    if not last.any():
+        return
+    r = s.rows[last]
+    s.out[r, tr[last]] = s.props[last, 0]
+    s.bmap[r, tr[last]] = 1
+    s.hist[r.cpu(), 0] += 1
+    s.t[r] += 1
+    s.finish[r.cpu().numpy()] = time.perf_counter() - s.t0
+    keep = ~last
+    s.rows, s.props = s.rows[keep], s.props[keep]
+    s.qlog = s.qlog[keep] if s.qlog is not None else None
+
+
+def _verify(model, s: _Batch, opts: DecodeOptions):
+    """One model call feeds every image's k proposals; p1 at those positions decides how many are
+    accepted. -> (the call's decoder states (b, k, d), accepted counts (b,), and for speculative
+    sampling what the next block's first token is drawn from (see _propose's `verified`))."""
+    rows, k, B = s.rows, s.k, len(s.t)
+    tr = s.t[rows]
+    h = model.step(s.cache, s.props, tr + 1, rows=None if len(rows) == B else rows)  # (b, k, d)
+    s.n_calls += 1
+    s.calls[rows.cpu()] += 1
+    ar = torch.arange(k, device=h.device)
+    verified = None
+    if s.speculative:
+        plog = model.logits(h, s.src[rows], (tr + 1)[:, None] + ar, opts.prior_weight)
+        u = s.gen[1][rows[:, None], (tr[:, None] + ar[1:]).clamp(max=SEQ_LEN - 1)]
+        n = speculative_accepted_length(s.props, plog, s.qlog, u, opts.temperature)
+        # the next block's sure token: p1's logits there are this call's (no second out_proj),
+        # and where draft n was rejected it is drawn from max(0, p - q) for that draft's q
+        b_ar = torch.arange(len(rows), device=h.device)
+        verified = (plog[b_ar, n - 1], s.qlog[b_ar, (n - 1).clamp(max=k - 2)], n < k)
+    elif k > 1:
+        n = accepted_length(s.props, model.logits(h, s.src[rows], (tr + 1)[:, None] + ar, opts.prior_weight), opts)
+    else:
+        n = torch.ones(len(rows), dtype=torch.long, device=h.device)
+    return h, torch.minimum(n, SEQ_LEN - tr), verified
+
+
+def _commit(s: _Batch, h, n, verified):
+    """Write each image's n accepted tokens, count the block, and drop finished images. -> (the
+    decoder state at each live image's last accepted position, which gives its next block's
+    proposals; `verified` of the live images)."""
+    rows, k = s.rows, s.k
+    tr = s.t[rows]
+    ar = torch.arange(k, device=h.device)
+    # positions past n are masked out of the write
+    pos = tr[:, None] + ar
+    keep_tok = ar[None, :] < n[:, None]
+    s.out[rows[:, None].expand(-1, k)[keep_tok], pos[keep_tok]] = s.props[keep_tok]
+    s.bmap[rows[:, None].expand(-1, k)[keep_tok], pos[keep_tok]] = n[:, None].expand(-1, k)[keep_tok]
+    s.hist[rows.cpu(), (n - 1).cpu()] += 1
+    s.t[rows] = tr + n
+    done = s.t[rows] >= SEQ_LEN
+    if done.any():
+        s.finish[rows[done].cpu().numpy()] = time.perf_counter() - s.t0
+    h_next = h[torch.arange(len(rows), device=h.device), n - 1]
+    live = ~done
+    s.rows = rows[live]
+    return h_next[live], (tuple(x[live] for x in verified) if verified is not None else None)
+
+
+def _finish(s: _Batch, progress) -> DecodeResult:
+    seconds = time.perf_counter() - s.t0
+    tokens = s.out[:, :SEQ_LEN].clamp(0, 255).cpu().numpy()
+    stats = [DecodeStats(int(s.calls[i]), s.hist[i].tolist(), float(s.finish[i])) for i in range(len(tokens))]
     if progress is not None:
-        progress(tokens, t.cpu().numpy(), bmap[:, :SEQ_LEN].cpu().numpy(), n_calls)
-    return DecodeResult(from_tokens(tokens), stats, bmap[:, :SEQ_LEN].cpu().numpy().astype(np.uint8),
-                        seconds, n_calls, {"engine": "torch"})
+        progress(tokens, s.t.cpu().numpy(), s.bmap[:, :SEQ_LEN].cpu().numpy(), s.n_calls)
+    return DecodeResult(from_tokens(tokens), stats, s.bmap[:, :SEQ_LEN].cpu().numpy().astype(np.uint8),
+                        seconds, s.n_calls, {"engine": "torch"})
 
 
 def _decode_native(model, lr, opts, progress, progress_every, proposer) -> DecodeResult:

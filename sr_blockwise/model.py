@@ -4,16 +4,12 @@ Encoder: the 8x8x3 input as 192 channel tokens, full self-attention.
 Decoder: the 3072 target intensities in raster order (row, column, channel), shifted right,
 local 1D self-attention (query blocks of `block_len`, each sees itself causally plus the whole
 previous block), cross-attention to the encoder, a 256-way output per intensity.
-Blockwise heads (Stern et al. 2018): a feed-forward layer d -> groups*head_ff -> groups*d, each
-group added to the decoder output and layer-normed, all sharing the 256-way output projection.
+The blockwise heads that propose k tokens from one decoder state, and their priors, are in
+heads.py; this module makes the decoder states (full forward for training, cached `step` for
+decoding) and p1's logits.
 
 Deviations from the paper, each for a reason written next to it:
 - pre-norm instead of post-norm (trains stably in the short runs a 2-core CPU allows);
-- the head layer's second matrix is block lower-triangular ("nested heads"): group g only reads
-  hidden chunks 1..g, so one checkpoint trained with K heads is exactly a k-head model for every
-  k <= K, and the cost of k heads grows as k^2/2 instead of K^2;
-- head1="base" (default) makes p1 the untouched base logits, so a frozen base decodes exactly
-  like the base; head1="layer" routes p1 through the head layer as the paper does;
 - lr_skip=True (the cpu preset) adds to each decoder input an embedding of the low-resolution
   intensity that covers the predicted position. The paper's model finds it through
   cross-attention alone, which takes far more training than 2 CPU cores give: after 2 hours our
@@ -25,35 +21,7 @@ Deviations from the paper, each for a reason written next to it:
   never drift far from the input's colours. Zero in a fresh model, so old weights load and
   compute unchanged; `train` then sets a zero prior from the data's offset histogram before the
   first step (not in the frozen-base heads stage), which does change p1 from step 0;
-- nbr_prior=True (the cpu preset) gives heads 2..K a learned log-prior over the offset of the
-  intensity they predict from two intensities already decoded: the nearest one of the same
-  channel to its left in the row, and the one above. Why: on cpu-frozen's greedy outputs, heads 2
-  and 3 landed within 2 levels of greedy's token less often (45%) than simply copying the
-  pixel to the left (51%): the decoder state does not carry recent intensities in a form the
-  one-layer heads can read. Fitting just these tables to 48 training faces, the rest frozen,
-  raised heads 2..6 from 37-50% to 54-58% within 2 levels (greedy outputs of 8 validation faces,
-  a one-off measurement, experiments/heads/). p1 never gets it, so a frozen base still decodes exactly
-  like the base. Zero in a fresh model: old weights load and compute unchanged;
-- nbr_draft=True (the cpu preset) lets those priors read the block's own
-  earlier proposals ("drafts"), so decoding makes a block's proposals one head at a time
-  (`draft_heads`): the left reference is always the pixel just left, decoded or proposed, and
-  G and B get a third, the pixel's previous channel plus the left pixel's difference of those two
-  channels. Why: the head that most often ends a block is head 2 (accepted on 36% of eps=2 steps
-  with the weights before nbr_draft), which had to guess the G after an R it could not see, though
-  that R is p1's own sure proposal. On those weights' greedy outputs (32 test faces) the G/B
-  reference lands within 2 levels of the token 52% of the time against 36% for the pixel to
-  the left. In training and in the exact-mode replay the drafts are the targets themselves:
-  a head's proposal only counts when every proposal before it was accepted;
-- draft_emb=True (an option in no preset, measured and not shipped: see below) lets the heads'
-  hidden layer, not only their additive priors, read the block: each group's pre-activation gets a learned projection of two
-  embedded intensities, the one just before its target and the same channel one pixel left,
-  decoded or proposed (sequentially dependent draft heads, as in Hydra, Ankner et al. 2024). Why:
-  the priors add a fixed log-prior per offset from a reference, whatever the decoder state; the
-  hidden layer can weigh a reference by context (an edge, hair, a flat cheek). Zero-projected at
-  first, so older weights warm-start unchanged. Measured (experiments/heads/draft-emb-32/): blocks
-  grew about 1-6% over the same heads without it; drafting one head at a time through the hidden
-  layer adds ~2% to a call at batch 32 but about half a model call at batch 1 (the demo's), and
-  its approximate output was a little worse perceptually, so the shipped weights do not use it.
+- the heads' deviations (nested heads, head1, nbr_prior, nbr_draft) are in heads.py.
 """
 from __future__ import annotations
 
@@ -63,12 +31,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-IMAGE_SIZE = 32
-INPUT_SIZE = 8
-CHANNELS = 3
-SEQ_LEN = IMAGE_SIZE * IMAGE_SIZE * CHANNELS  # 3072 target tokens
-SRC_LEN = INPUT_SIZE * INPUT_SIZE * CHANNELS  # 192 source tokens
-VOCAB = 256
+from . import heads as _heads
+from .data import CHANNELS, IMAGE_SIZE, INPUT_SIZE, SEQ_LEN, SRC_LEN, VOCAB  # noqa: F401 (importable from here)
+from .heads import BlockwiseHeads, offset_log_prior, target_coords
 
 
 @dataclass
@@ -96,10 +61,6 @@ class ModelConfig:
     # always the pixel just left, decoded or proposed, and G and B get a third reference, the
     # pixel's previous channel plus the left pixel's difference of the two; (K-1) x 3 x 3 x 511
     nbr_draft: bool = False
-    # the heads' hidden layer reads two intensities of the block too, as learned embeddings: the
-    # one just before the head's target and the same channel one pixel left (decoded or proposed);
-    # 2 x 769 x d embeddings + a d -> head_ff projection per group, zero at first
-    draft_emb: bool = False
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -112,8 +73,6 @@ class ModelConfig:
             raise ValueError(f"head1 must be 'base' or 'layer', got {self.head1!r}")
         if self.nbr_draft and not self.nbr_prior:
             raise ValueError("nbr_draft extends nbr_prior: it needs nbr_prior=True")
-        if self.draft_emb and self.head1 != "base":
-            raise ValueError("draft_emb needs head1='base' (p1 must not read the block's drafts)")
 
     @property
     def n_groups(self) -> int:
@@ -125,6 +84,10 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
+        d = dict(d)
+        if d.pop("draft_emb", False):  # weights saved before the option was removed say false
+            raise ValueError("draft_emb=true: the option was measured and not kept (experiments/heads/); "
+                             "this version cannot run such weights")
         known = set(cls.__dataclass_fields__)
         unknown = set(d) - known
         if unknown:
@@ -159,12 +122,6 @@ def preset(name: str, **overrides) -> ModelConfig:
 
 # ---------------------------------------------------------------- positions of the target tokens
 
-def target_coords() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(row, col, channel) of each of the 3072 target positions, raster order."""
-    t = torch.arange(SEQ_LEN)
-    return t // (IMAGE_SIZE * CHANNELS), (t // CHANNELS) % IMAGE_SIZE, t % CHANNELS
-
-
 def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_len: int) -> torch.Tensor:
     """True where query position q may attend key position k under block-local causal attention:
     k <= q and k lies in q's block or the block before it."""
@@ -190,31 +147,6 @@ def attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if mask_t is not None:
         s_t = s_t.masked_fill(~mask_t, float("-inf"))
     return torch.softmax(s_t, dim=-2).transpose(-1, -2).contiguous() @ v.double()
-
-
-def intensities_at(tokens: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """tokens (B, S) at positions q (B, ...), clamped into 0..S-1: a caller reading before the
-    image or past what is decoded gets a value it masks out or overwrites."""
-    return torch.gather(tokens, 1, q.clamp(0, tokens.shape[1] - 1).reshape(len(tokens), -1)).view_as(q)
-
-
-def offset_log_prior(table: torch.Tensor, row: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """A learned log-prior over (intensity - a reference intensity), as the priors store it:
-    table (..., 511) with entry o + 255 for offset o, row (B, ...) which of its rows (flattened
-    over the leading dims), ref (B, ...) the reference -> (B, ..., 256), one score per intensity.
-    Intensity v's score is entry v - ref + 255: a window of 256 consecutive entries."""
-    n_rows = table.numel() // (2 * VOCAB - 1)
-    start = VOCAB - 1 - ref  # where the window starts in the row
-    if ref.numel() > n_rows * VOCAB:
-        # more lookups than the table has windows (training: every position of a batch, 9 heads;
-        # a full forward): copy out every window once and read whole windows as embedding rows.
-        # Gathering 256 single entries per lookup built a 256x larger index, and was most of a
-        # fine-tuning step (measured).
-        windows = table.reshape(n_rows, 2 * VOCAB - 1).unfold(1, VOCAB, 1).reshape(n_rows * VOCAB, VOCAB)
-        return F.embedding(row * VOCAB + start, windows)
-    # fewer lookups (a decoding step): index a strided view of the windows, no copy (2-7x
-    # faster than gathering 256 single entries per lookup, measured at 1-320 lookups)
-    return table.reshape(n_rows, 2 * VOCAB - 1).unfold(1, VOCAB, 1)[row, start]
 
 
 class Attention(nn.Module):
@@ -329,76 +261,6 @@ class DecoderLayer(nn.Module):
         return x + self.ff(self.ln3(x))
 
 
-class BlockwiseHeads(nn.Module):
-    """d -> G*head_ff -> G*d, group g residual + LayerNorm; W2 block lower-triangular (nested)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        G, f, d = cfg.n_groups, cfg.head_ff, cfg.d_model
-        self.G, self.f, self.d = G, f, d
-        self.up = nn.Linear(d, G * f)
-        self.down = nn.Linear(G * f, G * d)
-        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(G))
-        rows = torch.arange(G).repeat_interleave(d)[:, None]
-        cols = torch.arange(G).repeat_interleave(f)[None, :]
-        self.register_buffer("tri_mask", (cols <= rows).float(), persistent=False)
-        self.premasked = False  # set by ImageTransformerSR.for_inference
-        # nbr_prior[j - 1, r, ch, o + 255]: head j+1's log-prior of intensity = reference r's + o
-        # (r = 0: same channel to the left, 1: above, 2 with nbr_draft: the pixel's previous
-        # channel + the left pixel's difference); here so the heads stage trains it
-        n_refs = 3 if cfg.nbr_draft else 2
-        self.nbr_prior = (nn.Parameter(torch.zeros(cfg.n_blockwise - 1, n_refs, CHANNELS, 2 * VOCAB - 1))
-                          if cfg.nbr_prior else None)
-        # draft_emb[r, value + 256 * channel]: reference r's embedding (r = 0: the intensity just
-        # before the target, 1: the same channel one pixel left; index 768: none), read by each
-        # group through its own projection draft_up. draft_up starts at zero (a warm start
-        # computes unchanged); the embeddings start random (ImageTransformerSR, last, so that
-        # every other weight is drawn as without them), or no gradient would reach either.
-        self.draft_emb = nn.Parameter(torch.zeros(2, CHANNELS * VOCAB + 1, d)) if cfg.draft_emb else None
-        self.draft_up = nn.Parameter(torch.zeros(G * f, d)) if cfg.draft_emb else None
-
-    def forward(self, h, n_groups: int | None = None, draft=None):
-        """h: (..., d) -> (..., g, d) normalized states of the first g groups. draft (..., g, d):
-        each group's reference embeddings (draft_emb; `ImageTransformerSR.draft_refs`)."""
-        g = self.G if n_groups is None else n_groups
-        W1, b1 = self.up.weight[: g * self.f], self.up.bias[: g * self.f]
-        W2 = self.down.weight[: g * self.d, : g * self.f]
-        if not self.premasked:
-            W2 = W2 * self.tri_mask[: g * self.d, : g * self.f]
-        b2 = self.down.bias[: g * self.d]
-        pre = F.linear(h, W1, b1)
-        if (draft is None) != (self.draft_up is None):
-            raise ValueError("draft must be given exactly when the heads have draft_emb")
-        if draft is not None:
-            up = self.draft_up[: g * self.f].view(g, self.f, self.d)
-            pre = pre + torch.einsum("...gd,gfd->...gf", draft, up).flatten(-2)
-        z = F.linear(F.gelu(pre), W2, b2)
-        z = z.view(*h.shape[:-1], g, self.d) + h.unsqueeze(-2)
-        return self._norm(z, 0, g)
-
-    def _norm(self, z, g0, g1):
-        """Groups g0..g1-1's LayerNorms on z (..., g1 - g0, d), at once (as a LayerNorm each
-        would: norm, then affine); per group, the slices' backward filled a zero tensor per group
-        (measured)."""
-        w = torch.stack([n.weight for n in self.norms[g0:g1]])
-        b = torch.stack([n.bias for n in self.norms[g0:g1]])
-        acc = torch.promote_types(z.dtype, torch.float32)  # bf16 in, float32 math, rounded once
-        zn = F.layer_norm(z.to(acc), (self.d,), eps=self.norms[0].eps) * w.to(acc) + b.to(acc)
-        return zn.to(z.dtype)  # as LayerNorm's own kernel rounds a bf16 result
-
-    def group(self, h, pre, hidden: list, gi: int, draft):
-        """Group gi's normalized state alone (..., d), for drafting one head at a time: pre
-        (..., >= (gi+1)*f) the up-projection of h for all groups, hidden the earlier groups'
-        activations (this group's is appended), draft (..., d) its reference embeddings."""
-        f, d = self.f, self.d
-        a = pre[..., gi * f:(gi + 1) * f] + F.linear(draft, self.draft_up[gi * f:(gi + 1) * f])
-        hidden.append(F.gelu(a))
-        # the nested matrix's row block gi reads hidden chunks 0..gi, where its mask is all ones
-        z = F.linear(torch.cat(hidden, -1), self.down.weight[gi * d:(gi + 1) * d, :(gi + 1) * f],
-                     self.down.bias[gi * d:(gi + 1) * d]) + h
-        return self._norm(z.unsqueeze(-2), gi, gi + 1)[..., 0, :]
-
-
 # ---------------------------------------------------------------- the model
 
 class ImageTransformerSR(nn.Module):
@@ -425,8 +287,6 @@ class ImageTransformerSR(nn.Module):
         self.apply(self._init)
         if self.lr_emb is not None:
             nn.init.zeros_(self.lr_emb.weight)  # starts as the plain model (warm starts keep it)
-        if cfg.draft_emb:
-            nn.init.normal_(self.heads.draft_emb, std=0.02)
         r, c, ch = target_coords()
         # the source token (8x8 input, same channel) whose 4x4 cell covers each target position
         self.register_buffer("tgt_src", (r // 4) * (INPUT_SIZE * CHANNELS) + (c // 4) * CHANNELS + ch,
@@ -492,7 +352,9 @@ class ImageTransformerSR(nn.Module):
         prior = offset_log_prior(self.lr_prior, self.tgt_ch[pos], self.cell_intensity(src, pos))
         return prior if weight == 1 else prior * weight
 
-    def _with_prior(self, logits, src, pos, weight: float = 1.0):
+    def with_prior(self, logits, src, pos, weight: float = 1.0):
+        """logits (B, ..., 256) at target positions pos (B, ...) plus lr_prior's (times weight);
+        unchanged without lr_prior. p1 and every head get it (heads.py)."""
         if self.lr_prior is None:
             return logits
         if src is None or pos is None:
@@ -501,39 +363,6 @@ class ImageTransformerSR(nn.Module):
         # log-prior of -15 to bf16 moves it by up to 0.06
         dtype = torch.promote_types(logits.dtype, self.lr_prior.dtype)
         return logits.to(dtype) + self.prior(src, pos, weight).to(dtype)
-
-    def neighbour_prior(self, tokens: torch.Tensor, tpos: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        """nbr_prior's logits (B, ..., g, 256) for head j (g,) (2..K, predicting p1's position +
-        j - 1) at target positions tpos (B, ..., g), read from tokens (B, S): the intensities
-        decoded so far. Without nbr_draft only positions before p1's are read (both references
-        of a head's target lie there); with it, also the block's proposals before the head's
-        target (`draft_heads` fills them in; in training and replay they are the targets). A
-        reference outside the image (first column or row) adds nothing."""
-        t = tpos.clamp(max=SEQ_LEN - 1)
-        B = tokens.shape[0]
-
-        def read(p):
-            return torch.gather(tokens, 1, p.clamp(min=0).reshape(B, -1)).view_as(p)
-
-        if self.cfg.nbr_draft:  # every head at once, by the helpers draft_heads calls per head
-            fixed = self._draft_prior_fixed(read, tpos, j)
-            return self._draft_prior(fixed, slice(None), read(t - 1), read(t - 3), read(t - 4))
-        tab, ch, col = self.heads.nbr_prior, self.tgt_ch[t], self.tgt_c[t]
-        back = (j + 2) // 3  # pixels back to the nearest decoded same channel: ceil(j / 3)
-        refs = ((read(t - 3 * back), col >= back), (read(t - 3 * IMAGE_SIZE), t >= 3 * IMAGE_SIZE))
-        out = 0
-        for r, (val, ok) in enumerate(refs):
-            row = ((j - 2) * len(refs) + r) * CHANNELS + ch  # the table's row for (head, reference, channel)
-            out = out + offset_log_prior(tab, row, val) * (ok & (tpos < SEQ_LEN)).unsqueeze(-1)
-        return out
-
-    @staticmethod
-    def _full_positions(h):
-        """Positions 0..3071 for the states of a whole image's full forward; otherwise the
-        caller must say which positions its states predict."""
-        if h.dim() == 3 and h.shape[1] == SEQ_LEN:
-            return torch.arange(SEQ_LEN, device=h.device).expand(h.shape[0], -1)
-        return None
 
     def logits(self, h: torch.Tensor, src: torch.Tensor | None = None,
                pos: torch.Tensor | None = None, prior_weight: float = 1.0) -> torch.Tensor:
@@ -545,192 +374,14 @@ class ImageTransformerSR(nn.Module):
     def head_logits(self, h: torch.Tensor, k: int, src: torch.Tensor | None = None,
                     pos: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
                     prior_weight: float = 1.0) -> torch.Tensor:
-        """All k heads' logits from the decoder states h (B, ..., d) -> (B, ..., k, 256).
-        pos (B, ...): the positions p1 predicts; head j predicts the token j-1 after it.
-        tokens (B, S): the intensities decoded so far, at their positions (nbr_prior reads
-        them; a whole image's targets in training)."""
-        if k > 1 and self.cfg.draft_emb:
-            pos = self._full_positions(h) if pos is None else pos
-            if tokens is None or pos is None:
-                raise ValueError("this model has draft_emb: heads 2..k need the decoded tokens and positions")
-            return self._heads_one_by_one(h, k, src, pos, tokens, prior_weight=prior_weight)[0]
-        z, pos = self._heads_before_nbr(h, k, src, pos, prior_weight)
-        if k > 1 and self.cfg.nbr_prior:
-            if tokens is None or pos is None:
-                raise ValueError("this model has nbr_prior: heads 2..k need the decoded tokens and positions")
-            nbr = self.neighbour_prior(tokens, pos[..., 1:], torch.arange(2, k + 1, device=h.device))
-            z = torch.cat([z[..., :1, :], z[..., 1:, :] + nbr.to(z.dtype)], dim=-2)
-        return z
-
-    def _heads_before_nbr(self, h, k, src, pos, prior_weight=1.0):
-        """The k heads' logits with lr_prior but without nbr_prior, and each head's position."""
-        if self.cfg.head1 == "base":
-            z = self.out_proj(h).unsqueeze(-2)
-            if k > 1:
-                z = torch.cat([z, self.out_proj(self.heads(h, k - 1))], dim=-2)
-        else:
-            z = self.out_proj(self.heads(h, k))
-        pos = self._full_positions(h) if pos is None else pos
-        if pos is not None:
-            pos = pos.unsqueeze(-1) + torch.arange(k, device=h.device)
-        return self._with_prior(z, src, pos, prior_weight), pos
+        """All k heads' logits (B, ..., k, 256): heads.head_logits."""
+        return _heads.head_logits(self, h, k, src, pos, tokens, prior_weight)
 
     def draft_heads(self, h: torch.Tensor, k: int, src: torch.Tensor, pos: torch.Tensor,
                     tokens: torch.Tensor, choose=None, prior_weight: float = 1.0,
                     with_logits: bool = False, first: torch.Tensor | None = None):
-        """A block's k proposals (b, k) from decoder states h (b, d) that predict positions pos
-        (b,), given the decoded intensities tokens (b, S) (read before pos only). The first is
-        p1's argmax, or `first` (b,) where given (speculative sampling's sampled token); heads
-        2..k choose with `choose(logits, i)`: logits (b, 256) of the head at index i of 2..k (or
-        (b, k-1, 256) and i = slice(None), all at once) -> tokens; default argmax.
-        With nbr_draft a head's prior reads the proposals before it, so they are made one head
-        at a time; each equals what `head_logits` gives when the tokens hold those proposals.
-        with_logits: also returns the logits heads 2..k chose from, (b, k-1, 256) (the draft
-        distributions speculative sampling verifies against; k=1: None)."""
-        props, head_logits = self._draft(h, k, src, pos, tokens, choose or (lambda z, i: z.argmax(-1)),
-                                         prior_weight, first)
-        return (props, head_logits) if with_logits else props
-
-    def _draft(self, h, k, src, pos, tokens, choose, prior_weight, first=None):
-        """draft_heads' proposals (b, k) and heads 2..k's logits (b, k-1, 256) (None for k=1)."""
-        if k > 1 and self.cfg.draft_emb:
-            logits, props = self._heads_one_by_one(h, k, src, pos, tokens, choose, prior_weight, first)
-            return props, logits[:, 1:]
-        z, _ = self._heads_before_nbr(h, k, src, pos, prior_weight)
-        first = z[:, 0].argmax(-1) if first is None else first
-        if k == 1:
-            return first[:, None], None
-        if not self.cfg.nbr_prior:
-            return torch.cat([first[:, None], choose(z[:, 1:], slice(None))], 1), z[:, 1:]
-        j = torch.arange(2, k + 1, device=h.device)
-        if not self.cfg.nbr_draft:  # every reference is decoded: all heads at once
-            nbr = self.neighbour_prior(tokens, pos[:, None] + j - 1, j)
-            zh = z[:, 1:] + nbr.to(z.dtype)
-            return torch.cat([first[:, None], choose(zh, slice(None))], 1), zh
-        # nbr_draft's references, split into what is decoded (read once, every head at once) and
-        # what the loop's own proposals supply; the same helpers neighbour_prior uses, so each
-        # head's logits are bit for bit head_logits' (tested). Calling neighbour_prior once per
-        # head cost ~35 small ops a head: more than a model call at batch 1.
-        u = pos[:, None] + j - 1  # (b, k-1) the heads' targets
-
-        def decoded(p):  # intensities at positions p (b, k-1) before pos (others are overwritten)
-            return intensities_at(tokens, p)
-
-        left_dec, back4_dec = decoded(u - 3), decoded(u - 4)
-        fixed = self._draft_prior_fixed(decoded, u, j)
-        props, zs = [first], []
-        for i in range(1, k):  # head i+1, target pos + i: proposals made so far are props[0..i-1]
-            left = props[i - 3] if i >= 3 else left_dec[:, i - 1]
-            back4 = props[i - 4] if i >= 4 else back4_dec[:, i - 1]
-            nbr = self._draft_prior(fixed, i - 1, props[i - 1], left, back4)
-            zs.append(z[:, i] + nbr.to(z.dtype))
-            props.append(choose(zs[-1], i - 1))
-        return torch.stack(props, 1), torch.stack(zs, 1)
-
-    def _draft_prior_fixed(self, read, u, j):
-        """nbr_draft's parts that do not depend on the block's proposals, for heads j (k-1,)
-        with targets u (..., k-1): each head's table rows, which references exist, and the
-        above reference's log-prior (decoded: read once for all heads, with `read`)."""
-        C = CHANNELS
-        t = u.clamp(max=SEQ_LEN - 1)
-        ch, col, inside = self.tgt_ch[t], self.tgt_c[t], u < SEQ_LEN
-        rows0 = ((j - 2) * 3) * C + ch  # table rows of the left, above and G/B references
-        ok = [((col >= 1) & inside).unsqueeze(-1), ((t >= 3 * IMAGE_SIZE) & inside).unsqueeze(-1),
-              ((ch > 0) & (col >= 1) & inside).unsqueeze(-1)]
-        above = offset_log_prior(self.heads.nbr_prior, rows0 + C, read(t - 3 * IMAGE_SIZE)) * ok[1]
-        return rows0, ok, above
-
-    def _draft_prior(self, fixed, a, prev, left, back4):
-        """Head a+2's nbr_draft log-prior (..., 256) (a = slice(None): every head's) from
-        `_draft_prior_fixed` and the intensities 1, 3 and 4 before its target (decoded or
-        proposed): the pixel just left, the one above, and for G and B the pixel's previous
-        channel plus how the left pixel's two channels differ."""
-        rows0, ok, above = fixed
-        tab = self.heads.nbr_prior
-        grad = (prev + left - back4).clamp(0, VOCAB - 1)
-        nbr = offset_log_prior(tab, rows0[..., a], left) * ok[0][..., a, :] + above[..., a, :]
-        return nbr + offset_log_prior(tab, rows0[..., a] + 2 * CHANNELS, grad) * ok[2][..., a, :]
-
-    def _draft_rows(self, u):
-        """draft_emb's embedding rows for targets u, before the intensities are added: (the
-        intensity just before u, the same channel one pixel left); 768 ('none') where the
-        reference is outside the image."""
-        t = u.clamp(max=SEQ_LEN - 1)
-        none = CHANNELS * VOCAB
-        return (torch.where(t >= 1, VOCAB * self.tgt_ch[(t - 1).clamp(min=0)], none),
-                torch.where(self.tgt_c[t] >= 1, VOCAB * self.tgt_ch[t], none))
-
-    def _draft_embed(self, prev, left, rows):
-        """draft_emb's reference embeddings (..., d) of the intensities prev and left at `rows`."""
-        none, E = CHANNELS * VOCAB, self.heads.draft_emb
-        return E[0][torch.where(rows[0] < none, prev + rows[0], none)] \
-            + E[1][torch.where(rows[1] < none, left + rows[1], none)]
-
-    def draft_refs(self, tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """draft_emb's reference embeddings (B, ..., d) for heads whose targets are u (B, ...),
-        read from tokens (B, S): the intensity just before the target and the same channel one
-        pixel left (none in the first column)."""
-        def read(q):
-            return intensities_at(tokens, q).clamp(0, VOCAB - 1)
-
-        return self._draft_embed(read(u - 1), read(u - 3), self._draft_rows(u))
-
-    def _heads_one_by_one(self, h, k, src, pos, tokens, choose=None, prior_weight=1.0, first=None):
-        """draft_emb's heads, one at a time: each reads the intensities before its target from
-        `tokens`. With `choose` (drafting) each head's proposal is written into a copy of tokens
-        before the next head runs; without, tokens are the targets (training's teacher forcing,
-        the replay). -> (logits (..., k, 256), proposals (..., k)); p1's is its argmax. Both
-        uses run this one function, so a draft's logits are bit for bit head_logits' (tested).
-        What does not depend on the block's proposals (positions, the above reference, the
-        input prior) is read once for all heads: per head only ~30 small ops remain (a call
-        to neighbour_prior and draft_refs per head was ~70, measured 3x slower at batch 32)."""
-        H, f = self.heads, self.heads.f
-        B, S = tokens.shape
-        if choose is not None:  # a copy to write the proposals into (tokens may end at pos)
-            buf = tokens.new_zeros(B, max(S, SEQ_LEN + k))
-            buf[:, :S] = tokens
-            S = buf.shape[1]
-        else:
-            buf = tokens
-
-        def read(q):  # intensities at positions q (B, ...), decoded or (drafting) proposed
-            return intensities_at(buf, q)
-
-        dev = h.device
-        p1 = self._with_prior(self.out_proj(h), src, pos, prior_weight)
-        logits, props = [p1], [p1.argmax(-1) if first is None else first]
-        if choose is not None:
-            buf.scatter_(1, pos.reshape(B, -1), props[0].reshape(B, -1))
-        # heads 2..k: targets u, as (..., k-1)
-        j = torch.arange(2, k + 1, device=dev)
-        u = pos.unsqueeze(-1) + j - 1
-        rows = self._draft_rows(u)
-        prior = self.prior(src, u, prior_weight)  # None without lr_prior
-        if self.cfg.nbr_draft:  # neighbour_prior's references, as draft_heads reads them
-            fixed = self._draft_prior_fixed(read, u, j)
-        elif self.cfg.nbr_prior:  # every reference is decoded: all heads at once
-            nbr_all = self.neighbour_prior(buf, u, j)
-        pre = F.linear(h, H.up.weight[:(k - 1) * f], H.up.bias[:(k - 1) * f])
-        back = torch.tensor([1, 3, 4], device=dev)
-        hidden = []
-        for a in range(k - 1):  # head a + 2, target u[..., a]
-            ua = u[..., a]
-            v = read(ua.unsqueeze(-1) - back)  # the intensities 1, 3 and 4 before the target
-            prev, left, back4 = v[..., 0], v[..., 1], v[..., 2]
-            draft = self._draft_embed(prev, left, (rows[0][..., a], rows[1][..., a]))
-            z = self.out_proj(H.group(h, pre, hidden, a, draft))
-            if prior is not None:  # as _with_prior adds it
-                dt = torch.promote_types(z.dtype, prior.dtype)
-                z = z.to(dt) + prior[..., a, :].to(dt)
-            if self.cfg.nbr_draft:
-                z = z + self._draft_prior(fixed, a, prev, left, back4).to(z.dtype)
-            elif self.cfg.nbr_prior:
-                z = z + nbr_all[..., a, :].to(z.dtype)
-            logits.append(z)
-            if choose is not None:
-                props.append(choose(z, a))
-                buf.scatter_(1, ua.reshape(B, -1).clamp(max=S - 1), props[-1].reshape(B, -1))
-        return torch.stack(logits, -2), (torch.stack(props, -1) if choose is not None else None)
+        """A block's k proposals (b, k): heads.draft_heads."""
+        return _heads.draft_heads(self, h, k, src, pos, tokens, choose, prior_weight, with_logits, first)
 
     # --- full (teacher-forced) forward, used for training and for checking the cache
 

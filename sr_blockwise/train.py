@@ -133,15 +133,12 @@ class TrainingLoss(nn.Module):
         hs = hh[:, pos]  # (B, P, d)
         off0 = 1 if m.cfg.head1 == "base" else 0  # group i predicts the token (i + off0) ahead
         gi = int(torch.randint(G, (1,), generator=gen)) if cfg.head_loss == "random" else G - 1
-        draft = None  # draft_emb: groups 0..gi's references, read from the targets
-        if m.cfg.draft_emb:
-            draft = m.draft_refs(tgt, (pos[:, None] + torch.arange(gi + 1, device=h.device) + off0).expand(len(src), -1, -1))
         if cfg.head_loss == "random":
             groups = [gi]
-            z = m.heads(hs, gi + 1, draft)[:, :, gi : gi + 1]  # nested: group gi needs only groups <= gi
+            z = m.heads(hs, gi + 1)[:, :, gi : gi + 1]  # nested: group gi needs only groups <= gi
         else:
             groups = list(range(G))
-            z = m.heads(hs, G, draft)
+            z = m.heads(hs, G)
         # in the base stage the heads must not move p1 either: they read the shared output
         # projection without training it
         W = m.lm_head.weight.detach() if cfg.stage == "base" else m.lm_head.weight
@@ -156,7 +153,7 @@ class TrainingLoss(nn.Module):
             # from a GPU waits for it), and sliced off, as groups are in order
             n_p1 = sum(g + off0 + 1 < 2 for g in groups)
             j = group_ids[n_p1:] + off0 + 1  # head number: 2..K
-            nbr = m.neighbour_prior(tgt, tpos[:, n_p1:].expand(len(src), -1, -1), j)
+            nbr = m.heads.neighbour_prior(tgt, tpos[:, n_p1:].expand(len(src), -1, -1), j)
             logits = logits + F.pad(nbr, (0, 0, n_p1, 0))
         # every head's loss in one call (a call per head, slicing the logits, spent ~0.4 s of a
         # fine-tuning step filling the slices' gradients with zeros, profiled): the mean over
@@ -222,7 +219,7 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-GROWABLE = ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft", "draft_emb")  # what a warm start may add
+GROWABLE = ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft")  # what a warm start may add
 
 
 def init_model(cfg: TrainConfig) -> ImageTransformerSR:
@@ -238,12 +235,12 @@ def init_model(cfg: TrainConfig) -> ImageTransformerSR:
         grow = {f: True for f in GROWABLE
                 if getattr(want, f) and not getattr(model.cfg, f)}
         if grow:
-            torch.manual_seed(cfg.seed)  # new parts that start random (draft_emb) start alike
+            torch.manual_seed(cfg.seed)  # the grown model is drawn as a fresh one of this run would be
             grown = ImageTransformerSR(replace(model.cfg, **grow))
             state = model.state_dict()
             old_tab = state.pop("heads.nbr_prior", None)
             missing, unexpected = grown.load_state_dict(state, strict=False)
-            new_parts = {"lr_emb.weight", "lr_prior", "heads.nbr_prior", "heads.draft_emb", "heads.draft_up"}
+            new_parts = {"lr_emb.weight", "lr_prior", "heads.nbr_prior"}
             assert set(missing) <= new_parts and not unexpected, (missing, unexpected)
             if old_tab is not None:  # nbr_draft adds a third reference (zero); the two others keep
                 with torch.no_grad():  # their tables, the left one now read one pixel back

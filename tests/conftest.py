@@ -27,9 +27,6 @@ def make_tiny(seed: int = 0, **overrides) -> ImageTransformerSR:
         torch.nn.init.normal_(m.lr_prior, std=1.0)
     if m.heads is not None and m.heads.nbr_prior is not None:  # and the heads' neighbour prior
         torch.nn.init.normal_(m.heads.nbr_prior, std=1.0)
-    if m.heads is not None and m.heads.draft_up is not None:  # and draft_emb's projection
-        torch.nn.init.normal_(m.heads.draft_up, std=0.3)
-        torch.nn.init.normal_(m.heads.draft_emb, std=1.0)
     return m
 
 

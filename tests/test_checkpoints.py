@@ -49,6 +49,25 @@ def test_wrong_or_damaged_weights_are_refused(tmp_path):
         load_model("no-such-weights")
 
 
+
+def test_weights_that_name_draft_emb_load_when_it_is_off_and_are_refused_when_on(tmp_path):
+    """draft_emb (the heads reading embedded drafts) was measured and not kept: weights saved
+    while it existed say "draft_emb": false (cpu-finetuned does) and load as before; weights
+    that need it are refused with the reason, not decoded wrongly."""
+    m = make_tiny(1)
+    js = save_weights(m, tmp_path / "w")
+    card = json.loads(js.read_text())
+    for on in (False, True):
+        card["config"]["draft_emb"] = on
+        (tmp_path / "w.json").write_text(json.dumps(card))
+        if on:
+            with pytest.raises(WeightsError, match="draft_emb.*not kept"):
+                load_model(tmp_path / "w.json")
+        else:
+            got = load_model(tmp_path / "w.json", dtype=torch.float32, for_inference=False)
+            assert got.cfg == m.cfg and all(torch.equal(a, b) for a, b in zip(got.state_dict().values(),
+                                                                            m.state_dict().values()))
+
 class Evil:
     def __reduce__(self):
         return (print, ("unpickled!",))
@@ -66,7 +85,7 @@ def test_cards_name_no_folder_of_the_machine_that_made_them(tmp_path, monkeypatc
     from pathlib import Path
 
     from sr_blockwise.checkpoints import WEIGHTS_DIR
-    from sr_blockwise.cli_core import portable_path
+    from sr_blockwise.cli.export import portable_path
 
     for js in sorted(Path(WEIGHTS_DIR).glob("*.json")):
         assert not re.search(r'"(/|[A-Za-z]:\\)', js.read_text()), js.name

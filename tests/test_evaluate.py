@@ -47,6 +47,30 @@ def test_parse_list_and_weights_spec():
     assert ev.weights_spec("C:/w/e.json") == ("C:/w/e.json", None)
 
 
+def test_evaluate_command_has_an_option_for_every_config_field_with_its_default():
+    """`sr-blockwise evaluate` builds EvalConfig from options named after its fields: without
+    options it is the dataclass's default config but for the decode store, which the command
+    keeps in ~/.cache unless told 'none'."""
+    from dataclasses import replace
+
+    from sr_blockwise.cli import build_parser
+    from sr_blockwise.cli.evaluate import config_of
+    parse = lambda *a: config_of(build_parser().parse_args(["evaluate", *a]))
+    assert parse() == replace(ev.EvalConfig(), cache_dir="~/.cache/sr-blockwise/evaluate")
+    assert parse("--cache-dir", "none", "--k", "2,6", "--modes", "exact,eps=1", "--json", "r.json", "--quiet",
+                 "-n", "7") == replace(ev.EvalConfig(), ks=[2, 6], modes=["exact", "eps=1"], json_path="r.json",
+                                       progress=False, n_images=7)
+
+def test_a_command_missing_an_optional_package_names_its_extra(tiny_weights, celeba_npz, tmp_path, monkeypatch,
+                                                                capsys):
+    """The perceptual metric is the `eval` extra: without it, `evaluate` stops with the pip
+    command that installs it (exit 2), not a traceback."""
+    import sys
+    monkeypatch.setitem(sys.modules, "stlpips_pytorch", None)  # imports of it fail, as when not installed
+    assert main(["evaluate", "--weights", tiny_weights, "--data", str(celeba_npz), "--limit", "1",
+                 "--perceptual", "stlpips", "--out", str(tmp_path), "--cache-dir", "none", "--quiet"]) == 2
+    assert "pip install 'sr-blockwise[eval]'" in capsys.readouterr().err
+
 def test_infer_variant():
     assert ev.infer_variant("cpu-frozen", {}) == "frozen"
     assert ev.infer_variant("cpu-finetuned", {}) == "fine-tuned"

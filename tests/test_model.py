@@ -110,9 +110,8 @@ def test_step_on_a_subset_of_rows_matches_all_rows():
     torch.testing.assert_close(a[rows], b, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("draft_emb", [False, True])
-def test_nested_heads_give_the_same_first_k_heads(draft_emb):
-    m = make_tiny(4, draft_emb=draft_emb).double()
+def test_nested_heads_give_the_same_first_k_heads():
+    m = make_tiny(4).double()
     h = torch.randn(5, m.cfg.d_model, dtype=torch.float64)
     src, pos = torch.randint(0, 256, (5, 192)), torch.tensor([0, 7, 100, 3066, 3071])
     toks = torch.randint(0, 256, (5, SEQ_LEN))
@@ -121,15 +120,13 @@ def test_nested_heads_give_the_same_first_k_heads(draft_emb):
         for k in (1, 2, 4, 6):
             torch.testing.assert_close(m.head_logits(h, k, src, pos, toks), all_k[:, :k], rtol=0, atol=1e-12)
         torch.testing.assert_close(all_k[:, 0], m.logits(h, src, pos))
-        with pytest.raises(ValueError, match="draft_emb" if draft_emb else "nbr_prior"):
+        with pytest.raises(ValueError, match="nbr_prior"):
             m.head_logits(h, 3, src, pos)
-        if draft_emb:
-            return
         # head j carries the prior of the position it predicts (p1's position + j - 1)
         # (and head j >= 2 its neighbour prior, tested below)
         no_prior = make_tiny(4, lr_prior=False, nbr_prior=False, nbr_draft=False).double().head_logits(h, 3)
         torch.testing.assert_close(all_k[:, 2] - no_prior[:, 2], m.prior(src, (pos + 2).clamp(max=SEQ_LEN - 1))
-                                   + m.neighbour_prior(toks, pos + 2, torch.tensor(3)))
+                                   + m.heads.neighbour_prior(toks, pos + 2, torch.tensor(3)))
         with pytest.raises(ValueError, match="lr_prior"):
             m.logits(h)
 
@@ -208,31 +205,14 @@ def test_nbr_draft_reads_the_pixel_just_left_and_the_pixels_previous_channel():
     _check_neighbour_prior(m, pos, toks, want_at, lambda t, u: u)
 
 
-def test_draft_emb_reads_the_intensity_before_the_target_and_the_same_channel_one_pixel_left():
-    """draft_emb's references for a head whose target is u: embedding 0 of the intensity at u - 1
-    (indexed by its channel), embedding 1 of the one at u - 3 (the target's channel), and the
-    'none' row 768 where u is in the first column."""
-    m = make_tiny(2, draft_emb=True).double()
-    E = m.heads.draft_emb
-    toks = torch.randint(0, 256, (2, SEQ_LEN))
-    u = torch.tensor([[1, 2, 3, 4, 5, 97, 98, 3071], [6, 95, 96, 100, 200, 301, 3000, 3070]])
-    got = m.draft_refs(toks, u)
-    for b in range(2):
-        for i, t in enumerate(u[b].tolist()):
-            col, ch = (t // 3) % 32, t % 3
-            want = E[0, toks[b, t - 1] + 256 * ((t - 1) % 3)]
-            want = want + (E[1, toks[b, t - 3] + 256 * ch] if col >= 1 else E[1, 768])
-            torch.testing.assert_close(got[b, i], want, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("nbr_draft,draft_emb", [(True, True), (True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("nbr_draft", [True, False])
 @pytest.mark.parametrize("window", [False, True])
-def test_draft_heads_propose_what_head_logits_give_on_those_proposals(nbr_draft, draft_emb, window):
-    """Decoding makes a block's proposals one head at a time (with nbr_draft or draft_emb a head
-    reads the proposals before it); each must be the choice of `head_logits` (the logits training
-    and replay use) when the decoded tokens are followed by the block's own proposals."""
+def test_draft_heads_propose_what_head_logits_give_on_those_proposals(nbr_draft, window):
+    """Decoding makes a block's proposals one head at a time (with nbr_draft a head reads the
+    proposals before it); each must be the choice of `head_logits` (the logits training and
+    replay use) when the decoded tokens are followed by the block's own proposals."""
     from sr_blockwise.decoding import window_centre
-    m = make_tiny(3, nbr_draft=nbr_draft, draft_emb=draft_emb).double()
+    m = make_tiny(3, nbr_draft=nbr_draft).double()
     K = m.cfg.n_blockwise
     pos = torch.tensor([0, 1, 95, 96, 290, 3065, 3070, 3071])
     b = len(pos)

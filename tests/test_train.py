@@ -119,17 +119,17 @@ def test_base_stage_heads_do_not_move_the_base():
         assert moved == name.startswith("heads."), name
 
 
-@pytest.mark.parametrize("head1,head_loss,draft_emb,window", [
-    ("base", "sum", False, 0), ("layer", "sum", False, 0), ("layer", "random", False, 0),
-    ("base", "sum", True, 0), ("base", "random", True, 0), ("base", "sum", True, 2), ("layer", "random", False, 3)])
-def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss, draft_emb, window):
+@pytest.mark.parametrize("head1,head_loss,window", [
+    ("base", "sum", 0), ("layer", "sum", 0), ("layer", "random", 0), ("base", "random", 0), ("base", "sum", 2),
+    ("layer", "random", 3)])
+def test_head_loss_scores_each_head_as_decoding_reads_it(head1, head_loss, window):
     """Every head's training loss is the cross-entropy of the logits decoding gets from
     `head_logits` (priors included) at the token it predicts, over the targets inside the image;
     with a window W, -log of those logits' softmax mass on the values within W of the token."""
     from conftest import make_tiny
     from sr_blockwise.model import SEQ_LEN
     from sr_blockwise.train import TrainingLoss
-    model = make_tiny(5, head1=head1, draft_emb=draft_emb).double().train()
+    model = make_tiny(5, head1=head1).double().train()
     cfg = TrainConfig(preset="tiny", stage="finetune", head_frac=1.0, head_loss=head_loss, head_window=window)
     src, tgt = torch.randint(0, 256, (1, 192)), torch.randint(0, 256, (1, SEQ_LEN))
     _, head_loss_value, per_head = TrainingLoss(model, cfg)(src, tgt, torch.Generator().manual_seed(0))
@@ -197,6 +197,17 @@ def test_bad_inputs_touch_no_checkpoint(small_data, tmp_path, monkeypatch):
         train(TrainConfig(run="c", preset="cpu", data=small_data, max_steps=1), resume=True, progress=False)
     assert ck.stat().st_mtime_ns == stamp
 
+
+def test_train_command_has_an_option_for_every_config_field_with_its_default():
+    """`sr-blockwise train` builds TrainConfig from options named after its fields: without
+    options it is the dataclass's default config, and each option lands in its field."""
+    from dataclasses import replace
+
+    from sr_blockwise.cli import build_parser, config_from
+    parse = lambda *a: config_from(TrainConfig, build_parser().parse_args(["train", *a]))
+    assert parse() == TrainConfig()
+    assert parse("--run-name", "r", "--fp32", "--weight-decay", "0.1", "--head-window", "2", "--stage", "heads") == \
+        replace(TrainConfig(), run="r", bf16=False, weight_decay=0.1, head_window=2, stage="heads")
 
 def test_ddp_two_cpu_processes(small_data, tmp_path):
     env = {**os.environ, "SR_BLOCKWISE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
@@ -326,27 +337,6 @@ def test_weights_without_nbr_draft_keep_their_tables_and_grow_the_third_at_zero(
     assert grown.cfg.nbr_draft and grown.heads.nbr_prior.shape[1] == 3
     assert torch.equal(grown.heads.nbr_prior[:, :2], old.heads.nbr_prior)
     assert not grown.heads.nbr_prior[:, 2].any()
-
-
-def test_weights_without_draft_emb_grow_it_and_compute_unchanged(small_data, tmp_path, monkeypatch):
-    """A warm start into a preset with draft_emb adds it with a zero projection: every head's
-    logits are the old model's, though the heads now run one at a time through draft_emb's loop."""
-    from dataclasses import replace
-    from conftest import make_tiny
-    from sr_blockwise import model as model_module
-    from sr_blockwise.checkpoints import save_weights
-    from sr_blockwise.model import SEQ_LEN
-    from sr_blockwise.train import init_model
-    old = make_tiny(4)
-    assert not old.cfg.draft_emb
-    monkeypatch.setitem(model_module.PRESETS, "tiny", replace(model_module.PRESETS["tiny"], draft_emb=True))
-    grown = init_model(cfg(small_data, "g", init_from=str(save_weights(old, tmp_path / "old")))).eval()
-    assert grown.cfg.draft_emb and not grown.heads.draft_up.any() and grown.heads.draft_emb.any()
-    src, tgt = torch.randint(0, 256, (2, 192)), torch.randint(0, 256, (2, SEQ_LEN))
-    with torch.no_grad():
-        h = old(src, tgt)
-        torch.testing.assert_close(grown.head_logits(h, 10, src, tokens=tgt), old.head_logits(h, 10, src, tokens=tgt),
-                                   rtol=0, atol=0)
 
 
 def test_weights_without_nbr_prior_grow_it_unchanged_and_training_moves_it(small_data, tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ STORE_VERSION = 1  # layout of a DecodeStore batch file
 
 # the code a stored batch's output and timing depend on: a change to it invalidates the store
 CODE_VERSION = hashlib.sha256(b"".join((Path(__file__).parent.parent / f).read_bytes()
-                                       for f in ("decoding.py", "model.py"))).hexdigest()[:16]
+                                       for f in ("decoding.py", "model.py", "heads.py"))).hexdigest()[:16]
 
 class DecodeStore:
     """Finished decode batches on disk, one .npz each, so that a long evaluation (hours on a CPU)

@@ -1,9 +1,12 @@
 """`sr-blockwise evaluate`: speed and quality of blockwise decoding beside the paper's Table 2.
-Heavy imports (torch, the metrics) happen only when the command runs."""
+One option per field of evaluate.EvalConfig (plus --merge). Heavy imports (torch, the metrics)
+happen only when the command runs."""
 from __future__ import annotations
 
 import argparse
 import sys
+
+from . import config_from
 
 
 def register(subparsers) -> None:
@@ -25,7 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("--first", type=int, default=0,
                    help="skip the first N test faces: a run in parts, e.g. --first 0 -n 256 and --first 256 "
                         "-n 244 in two sittings, then --merge")
-    p.add_argument("--k", default="2,4,6,8,10", help="block sizes, comma separated")
+    p.add_argument("--k", dest="ks", default="2,4,6,8,10", help="block sizes, comma separated")
     p.add_argument("--modes", default="exact,eps=2",
                    help="comma separated modes of the decode-mode grammar, without settings (k from --k): "
                         "greedy, exact, eps=E, eps-window=E, top-k=N, min-block=N, oracle "
@@ -48,7 +51,7 @@ def register(subparsers) -> None:
                    help="modes that are not exact (eps, top-k, min-block, oracle): decode only the first N "
                         "faces (their rows then cover N faces; default: every face)")
     p.add_argument("--grid-images", type=int, default=6, help="faces in the image grid")
-    p.add_argument("--json", default=None, help="JSON path (default OUT/results.json)")
+    p.add_argument("--json", dest="json_path", default=None, help="JSON path (default OUT/results.json)")
     p.add_argument("--out", default="results", help="output folder")
     p.add_argument("--cache-dir", default="~/.cache/sr-blockwise/evaluate",
                    help="every finished decode batch is saved here ('none': nowhere)")
@@ -63,18 +66,18 @@ def register(subparsers) -> None:
     p.add_argument("--prior-weight", type=float, default=1.0, metavar="W",
                    help="input guidance of every decode (1: the model as trained; see `upscale --prior-weight`); "
                         "bits/dim stay the model's as trained")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def run(a) -> int:
-    from .evaluate import EvalConfig, evaluate, parse_list
+    from ..evaluate import evaluate
 
     if a.merge:
-        from .evaluate import merge
+        from ..evaluate import merge
         command = " ".join(["sr-blockwise", "evaluate", "--merge", *map(str, a.merge), "--out", str(a.out)]
-                           + (["--json", str(a.json)] if a.json else []))
-        result = merge(a.merge, a.out, json_path=a.json, command=command)
+                           + (["--json", str(a.json_path)] if a.json_path else []))
+        result = merge(a.merge, a.out, json_path=a.json_path, command=command)
         return _report(result)
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
@@ -84,15 +87,15 @@ def run(a) -> int:
         raise ValueError(f"--n-images must be >= 1, got {a.n_images}")
     if a.first < 0:
         raise ValueError(f"--first must be >= 0, got {a.first}")
-    cfg = EvalConfig(weights=a.weights, data=a.data, n_images=a.n_images, limit=a.limit, first=a.first,
-                     ks=parse_list(a.k, int), modes=parse_list(a.modes), batch_size=a.batch_size,
-                     dtype=a.dtype, device=a.device, threads=a.threads, out=a.out, json_path=a.json,
-                     perceptual=a.perceptual, uncached_prefix=a.uncached_prefix,
-                     decode_exact=a.decode_exact, decode_approx=a.decode_approx,
-                     grid_images=a.grid_images, progress=not a.quiet,
-                     cache_dir=None if a.cache_dir.lower() == "none" else a.cache_dir, resume=a.resume,
-                     prior_weight=a.prior_weight)
-    return _report(evaluate(cfg))
+    return _report(evaluate(config_of(a)))
+
+
+def config_of(a):
+    """The run's EvalConfig: every field from the option of its name, the lists and the store
+    folder read from their text."""
+    from ..evaluate import EvalConfig, parse_list
+    return config_from(EvalConfig, a, ks=parse_list(a.ks, int), modes=parse_list(a.modes),
+                       cache_dir=None if a.cache_dir.lower() == "none" else a.cache_dir)
 
 
 def _report(result) -> int:

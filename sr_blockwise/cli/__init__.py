@@ -1,0 +1,74 @@
+"""The `sr-blockwise` command: one subcommand per job, one module per subcommand.
+
+A command with a config dataclass (train.TrainConfig, evaluate.EvalConfig, upscale.Config) names
+its options' destinations after the config's fields and builds the config from them
+(`config_from`), so the two cannot drift apart; building the parser imports neither torch nor
+the config's module (`sr-blockwise --help` stays fast): the config is imported when the command
+runs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+
+# Each of these modules has `register(subparsers)` adding its subcommands (with set_defaults(func=...)).
+SUBCOMMAND_MODULES = [
+    "sr_blockwise.cli.prepare",  # prepare
+    "sr_blockwise.cli.weights",  # weights
+    "sr_blockwise.cli.export",  # export
+    "sr_blockwise.cli.distill",  # distill
+    "sr_blockwise.cli.bench",  # bench-decode, bench-train
+    "sr_blockwise.cli.learning_curve",  # learning-curve
+    "sr_blockwise.cli_upscale",  # upscale
+    "sr_blockwise.cli.evaluate",  # evaluate
+    "apps.demo",  # demo
+    "apps.rating",  # rate build / serve / analyze
+    "sr_blockwise.cli.train",  # train
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+    import importlib.util
+
+    p = argparse.ArgumentParser(prog="sr-blockwise", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMAND_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name).register(sub)
+    return p
+
+
+def config_from(config, args: argparse.Namespace, **overrides):
+    """A config dataclass from parsed arguments: each field from the option of its name, except
+    `overrides` (fields an option does not give as such)."""
+    return config(**{f.name: overrides[f.name] if f.name in overrides else getattr(args, f.name)
+                     for f in fields(config)})
+
+
+# packages only some commands need, by the pyproject extra that installs them (the base install
+# decodes, upscales and trains without them)
+EXTRAS = {"gradio": "demo", "stlpips_pytorch": "eval", "torchvision": "eval", "torchsummary": "eval",
+          "IPython": "eval"}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc = args.func(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"sr-blockwise {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        extra = EXTRAS.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"sr-blockwise {args.command}: error: this needs the package {e.name}, which the base install "
+              f"leaves out: pip install 'sr-blockwise[{extra}]'", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""`sr-blockwise export`: a training checkpoint -> shipped weights (weights/NAME.safetensors + .json)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+def portable_path(path) -> str | None:
+    """A path as a weights card records it: relative to the current folder or to the home folder
+    where it lies below one, else its last two parts (a card names no folder of the machine that
+    made it)."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        return str(path)
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(p.relative_to(base))
+        except ValueError:
+            pass
+    return str(Path(*p.parts[-2:]))
+
+
+def cmd_export(a):
+    """Training checkpoint -> shipped weights, with held-out scores in the config."""
+    import torch
+
+    from ..checkpoints import WEIGHTS_DIR, load_model, save_weights
+    from ..data import load_faces
+    from ..train import CACHE_DIR, bits_per_dim
+
+    ck = Path(a.checkpoint)
+    if not ck.exists():
+        ck = CACHE_DIR / a.checkpoint / "last.pt"
+    ckpt = torch.load(ck, map_location="cpu", weights_only=True)
+    model = load_model(ck, dtype=torch.float32, for_inference=False).eval()
+    faces = load_faces(a.data)
+    test = faces.part("test").images[: a.eval_images]
+    t0 = time.time()
+    train_config = dict(ckpt["train_config"])
+    for key in ("data", "distill", "init_from"):
+        if isinstance(train_config.get(key), str):
+            train_config[key] = portable_path(train_config[key])
+    meta = {"description": a.description, "source_checkpoint": portable_path(ck), "steps": ckpt["step"],
+            "train_config": train_config, "params": sum(p.numel() for p in model.parameters()),
+            "test_bits_per_dim": bits_per_dim(model, test, bf16=True),
+            "test_images_scored": int(len(test)), "exported": time.strftime("%Y-%m-%d %H:%M")}
+    if a.meta:
+        meta.update(json.loads(Path(a.meta).read_text()))
+    out = save_weights(model, Path(a.out_dir or WEIGHTS_DIR) / a.name, meta)
+    print(f"wrote {out} (test bits/dim {meta['test_bits_per_dim']:.4f} on {len(test)} faces, "
+          f"{time.time() - t0:.0f}s)")
+    return 0
+
+
+def register(sub):
+    p = sub.add_parser("export", help="a training checkpoint -> weights/NAME.safetensors + .json")
+    p.add_argument("checkpoint", help="run name (in ~/.cache/sr-blockwise) or a .pt path")
+    p.add_argument("--name", required=True)
+    p.add_argument("--description", default="")
+    p.add_argument("--data", default=None)
+    p.add_argument("--eval-images", type=int, default=256)
+    p.add_argument("--meta", default=None, help="JSON file of extra facts for the config")
+    p.add_argument("--out-dir", default=None)
+    p.set_defaults(func=cmd_export)
