@@ -160,7 +160,7 @@ def celeba_matrix() -> np.ndarray:
 
 
 def square_matrix(size: tuple[int, int]) -> np.ndarray:
-    """The centre square of a (width, height) photo as a transform: today's framing without a face."""
+    """The centre square of a (width, height) photo as a transform: the framing used where no face is found or asked for."""
     w, h = size
     side = min(w, h)
     left, top = (w - side) // 2, (h - side) // 2
@@ -304,7 +304,7 @@ def faces_of(img: Image.Image, which: str = "largest", boxes=(), if_none: str = 
     """A photo -> the faces to upscale, and a line saying what was found. `boxes` (left, top,
     right, bottom) are faces given by hand: they are used as they are, and detection is skipped.
     Otherwise the detected faces, largest first (`which`: largest, or all). No face found:
-    `if_none` centre (the centre square, today's framing), skip (no faces) or error (BadImage)."""
+    `if_none` centre (the centre square), skip (no faces) or error (BadImage)."""
     if which not in WHICH:
         raise ValueError(f"faces={which!r}: choose from {', '.join(WHICH)}")
     if if_none not in IF_NONE:

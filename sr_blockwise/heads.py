@@ -36,8 +36,8 @@ Deviations from the paper, each for a reason written next to it:
 
 Measured and not kept (experiments/heads/): draft_emb, the heads' hidden layer reading embedded
 intensities of the block (Hydra-style sequential draft heads): blocks 1-6% longer, but about half
-a model call more per step at batch 1 and slightly worse approximate output. Its code is in the
-project's history (`git log -S draft_refs`).
+a model call more per step at batch 1 and slightly worse approximate output. `git log -S draft_refs`
+finds its code.
 """
 from __future__ import annotations
 

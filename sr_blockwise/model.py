@@ -85,7 +85,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
         d = dict(d)
-        if d.pop("draft_emb", False):  # weights saved before the option was removed say false
+        if d.pop("draft_emb", False):  # shipped weights' JSON says false
             raise ValueError("draft_emb=true: the option was measured and not kept (experiments/heads/); "
                              "this version cannot run such weights")
         known = set(cls.__dataclass_fields__)

@@ -326,8 +326,8 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
     seeds = {c.name: sample_seeds(seed, c.name, need) for c in conds if c.rule == "sample"}
 
     def described(c: Condition) -> dict:
-        # prior_weight only where it is not 1 and the sampling fields only for samples: studies
-        # built before those existed keep their manifest and id
+        # prior_weight only where it is not 1 and the sampling fields only for samples: a study
+        # without them has the same manifest and id whichever version built it
         return ({"name": c.name, "rule": c.rule, "k": c.k, "eps": c.eps, "weights": c.weights, "dir": dirs[c.name]}
                 | ({"prior_weight": c.prior_weight} if c.prior_weight != 1 else {})
                 | ({"temperature": c.temperature, "seeds": seeds[c.name]} if c.name in seeds else {}))

@@ -301,7 +301,7 @@ def load_photo(path: Path, which: str = "largest", no_face: str = "centre") -> P
         lr, face = image_to_input(img)
         return Photo(None, [(lr, face)], "as it is")
     from . import faces as F
-    if which == "none":  # no detection: today's framing, as data.photo_to_32 makes it
+    if which == "none":  # no detection: the centre square (CelebA's crop for 178x218), as data.photo_to_32 makes it
         face = F.celeba_face(img) if img.size == (178, 218) else F.centre_face(img)
         return Photo(img, [face], face.how)
     found, note = F.faces_of(img, which, if_none=no_face)

@@ -51,9 +51,9 @@ def test_wrong_or_damaged_weights_are_refused(tmp_path):
 
 
 def test_weights_that_name_draft_emb_load_when_it_is_off_and_are_refused_when_on(tmp_path):
-    """draft_emb (the heads reading embedded drafts) was measured and not kept: weights saved
-    while it existed say "draft_emb": false (cpu-finetuned does) and load as before; weights
-    that need it are refused with the reason, not decoded wrongly."""
+    """draft_emb (the heads reading embedded drafts) was measured and not kept: weights that say
+    "draft_emb": false (cpu-finetuned does) load; weights that need it are refused with the
+    reason, not decoded wrongly."""
     m = make_tiny(1)
     js = save_weights(m, tmp_path / "w")
     card = json.loads(js.read_text())

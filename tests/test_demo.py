@@ -112,7 +112,7 @@ def test_prepare_input(files, tmp_path):
     assert (p.lr == found[0].lr).all() and (p.face == found[0].crop).all()
     assert "512x512 photo: face 1 of 1 found, aligned" in p.note and p.info["face"]["how"] == "detected"
     c = prepare_input(files["astronaut"], "centre square")
-    lr, face = image_to_input(open_rgb(files["astronaut"]))  # today's framing: the shared crop + downsample
+    lr, face = image_to_input(open_rgb(files["astronaut"]))  # no detection: the shared crop + downsample
     assert (c.lr == lr).all() and (c.face == face).all() and "the centre square" in c.note
     Image.fromarray(lr).save(tmp_path / "tiny.png")
     q = prepare_input(tmp_path / "tiny.png")

@@ -497,7 +497,7 @@ def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, 
     cap = capsys.readouterr()
     assert rc == 0 and "no face found 1" in cap.out
     assert sorted(p.name for p in out2.iterdir()) == ["pair.png", "tiny.png"]
-    # --faces none: today's centre square, no detection; pasted back into the photo too
+    # --faces none: the centre square, no detection; pasted back into the photo too
     assert main([str(src), "-o", str(tmp_path / "out3"), "--faces", "none", "--paste-back"] + fast) == 0
     assert "warning" not in capsys.readouterr().err
     assert Image.open(tmp_path / "out3" / "pair_pasted.png").size == (832 * 4, 512 * 4)
