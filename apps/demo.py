@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from sr_blockwise.data import DEFAULT_DATA, BadImage, bicubic_upscale, match_input
+from sr_blockwise.faces import DetectorMissing
 from sr_blockwise.live import (DECODE_THREADS, FILL, GREEDY_CALLS, TITLES, Frame, block_map_image,
                                compare, decode_live, final_markdown, page_defaults, partial_image,
                                pasted_view, photo_view, prepare_input, read_photo, result_stats,
@@ -73,6 +74,8 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
             return prepare_input(path, choice)
         except BadImage as e:
             raise gr.Error(str(e), title="Not a usable image", print_exception=False) from None
+        except DetectorMissing as e:
+            raise gr.Error(str(e), title="Face detection is not installed", print_exception=False) from None
 
     def preview(path, choice):
         """The photo with its faces' boxes, the faces found (a gallery), and the chosen face's input."""

@@ -177,6 +177,8 @@ class Upscaler:
         or error (data.BadImage) when no face is found. options: upscale()'s (mode, k, eps, ...)."""
         from . import faces as F
         img = _photo(photo)
+        if len(boxes) == 4 and all(isinstance(v, (int, float, np.number)) for v in boxes):
+            boxes = [boxes]  # one box
         r = img.info.get("full_size", img.size)[0] / img.width  # the photo's own px per px read
         found, _ = F.faces_of(img, faces, [[v / r for v in b] for b in boxes], if_none)
         if not found:
@@ -187,11 +189,13 @@ class Upscaler:
                 for o, f, st in zip(outs, found, stats)]
 
     @staticmethod
-    def paste_back(photo, results: Sequence[FaceResult], scale: float = 4) -> Image.Image:
-        """The photo enlarged `scale` times, each face replaced by its result (warped back and
-        blended in with a feathered mask, faces.paste_back)."""
+    def paste_back(photo, results: Sequence[FaceResult], scale: float | None = None) -> Image.Image:
+        """The photo enlarged `scale` times (default: 4, less where that would pass 64 MP, as the
+        batch command does), each face replaced by its result (warped back and blended in with a
+        feathered mask, faces.paste_back)."""
         from . import faces as F
         img = _photo(photo)
+        scale = F.paste_scale(img.size) if scale is None else scale
         return Image.fromarray(F.paste_back(img, [r.face for r in results], [np.asarray(r.image) for r in results], scale))
 
     @staticmethod

@@ -95,8 +95,8 @@ class DecodeOptions:
             raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
         if self.propose not in PROPOSALS:
             raise ValueError(f"unknown proposal {self.propose!r}; choose from {PROPOSALS}")
-        if self.eps < 0:
-            raise ValueError(f"eps must be >= 0 intensity levels, got {self.eps}")
+        if not 0 <= self.eps <= 255:
+            raise ValueError(f"eps must be in 0..255 intensity levels, got {self.eps}")
         if self.eps != 0 and self.rule != "eps":
             raise ValueError(f"eps={self.eps} is the eps rule's tolerance; the {self.rule} rule would ignore it")
         if self.top_k < 1:

@@ -53,6 +53,10 @@ PASTE_MAX_PIXELS = 64_000_000  # a pasted-back photo larger than this is made at
 FEATHER = 3.0  # width of the paste-back mask's soft edge, in pixels of the 32x32 result
 
 
+class DetectorMissing(RuntimeError):
+    """facenet-pytorch is not installed (setup.sh installs it with --no-deps)."""
+
+
 @lru_cache(maxsize=1)
 def detector():
     """facenet-pytorch's MTCNN on the CPU (its weights load from its wheel, as state dicts)."""
@@ -60,7 +64,7 @@ def detector():
     try:
         from facenet_pytorch import MTCNN
     except ImportError as e:
-        raise RuntimeError(f"face detection needs facenet-pytorch ({e}); ./setup.sh installs it "
+        raise DetectorMissing(f"face detection needs facenet-pytorch ({e}); ./setup.sh installs it "
                            "(pip install --no-deps facenet-pytorch==2.6.0)") from None
     return MTCNN(keep_all=True, device="cpu", min_face_size=MIN_FACE, select_largest=True)
 
@@ -227,12 +231,20 @@ def face_in_box(img: Image.Image, box) -> Face:
     return make_face(img, box_matrix((l, t, r, b)), (l, t, r, b), None, 1.0, "box")
 
 
-def celeba_face(img: Image.Image, box=(20, 40, 158, 178), landmarks=None, score: float = 0.0) -> Face:
+def celeba_face(img: Image.Image, box=CELEBA_BOX, landmarks=None, score: float = 0.0) -> Face:
     """The paper's crop of a CelebA-aligned 178x218 photo as a Face, resampled exactly as the
     training crops were (data.photo_to_32)."""
     crop = photo_to_32(img, celeba_aligned=True)
     return Face(tuple(float(v) for v in box), landmarks, float(score), celeba_matrix(), crop,
                 image_to_input(Image.fromarray(crop))[0], "celeba crop")
+
+
+def as_is_face(img: Image.Image) -> Face:
+    """An 8x8 or 32x32 image as a Face: it is the model's input, or its face, as it is."""
+    lr, face = image_to_input(img)
+    crop = face if face is not None else np.asarray(img.resize((32, 32), Image.Resampling.NEAREST), dtype=np.uint8)
+    w, h = img.size
+    return Face((0.0, 0.0, float(w), float(h)), None, 0.0, square_matrix(img.size), crop, lr, "as is")
 
 
 def centre_face(img: Image.Image) -> Face:
@@ -315,6 +327,8 @@ def faces_of(img: Image.Image, which: str = "largest", boxes=(), if_none: str = 
     if boxes:
         faces = [face_in_box(img, b) for b in boxes]
         return faces, f"{len(faces)} face{'s' * (len(faces) != 1)} from the given box{'es' * (len(faces) != 1)}"
+    if img.size in ((8, 8), (32, 32)):  # the model's input, or a face at its size: used as it is
+        return [as_is_face(img)], f"a {img.width}x{img.height} image: used as it is"
     found = find_faces(img, max_side)
     if found and img.size == (178, 218):
         # a CelebA-aligned photo: its largest face keeps the paper's crop, the training framing
@@ -330,4 +344,6 @@ def faces_of(img: Image.Image, which: str = "largest", boxes=(), if_none: str = 
         raise BadImage(msg + "; draw a box around the face")
     if if_none == "skip":
         return [], msg
+    if img.size == (178, 218):  # a CelebA-aligned photo: the paper's crop, as --faces none uses
+        return [celeba_face(img)], msg + ": CelebA's crop is used"
     return [centre_face(img)], msg + ": its centre square is used"

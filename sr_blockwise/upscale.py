@@ -662,7 +662,8 @@ def run(cfg: Config) -> int:
         """Face n's file: with --faces all, STEM_face0 -> STEM_faceN (likewise its _compare)."""
         if n == 0:
             return path
-        return path.with_name(path.name.replace(f"_face0{cfg.suffix}", f"_face{n}{cfg.suffix}", 1))
+        head, mark, tail = path.name.rpartition(f"_face0{cfg.suffix}")  # the mark plan() added: the last
+        return path.with_name(f"{head}_face{n}{cfg.suffix}{tail}")
 
     shown = [0.0]
 

@@ -366,7 +366,7 @@ def test_spec_grammar_examples_and_messages():
     assert options_for("approx", 6, 2) == parse("eps=2:k=6") and options_for("greedy", 6) == parse("greedy")
     for bad, msg in [("", "empty"), ("beam:k=2", "unknown decode mode 'beam'"), ("exact", "block size"),
                      ("greedy:k=3", "greedy decodes one token"), ("eps=x:k=2", "eps=x is not a whole number"),
-                     ("eps=-1:k=2", "eps must be >= 0"), ("top-k=0:k=2", "top-k must be >= 1"),
+                     ("eps=-1:k=2", "eps must be >= 0"), ("eps=256:k=2", "eps must be in 0..255"), ("top-k=0:k=2", "top-k must be >= 1"),
                      ("exact:k=2.5", "k=2.5 is not a whole number"), ("exact:k=0", "block size must be >= 1"),
                      ("exact:k=2:q=1", "unknown setting 'q=1'"), ("exact:k=2:k=3", "k is given twice"),
                      ("sample:k=4", "needs a temperature"), ("sample:k=4:T=0", "T > 0"),

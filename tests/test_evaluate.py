@@ -28,7 +28,7 @@ def test_parse_mode():
     assert (w.rule, w.eps, w.propose) == ("eps", 2, "window")
     assert ev.parse_mode("eps-window=0").options(6).is_exact  # window proposals at eps 0: argmax ones
     for bad, msg in [("fast", "unknown mode 'fast'"), ("eps", "unknown mode"),
-                     ("eps=x", "not a whole number"), ("eps=-1", "eps must be >= 0"), ("top-k=0", "top-k must be >= 1"),
+                     ("eps=x", "not a whole number"), ("eps=-1", "eps must be >= 0"), ("eps=256", "eps must be in 0..255"), ("top-k=0", "top-k must be >= 1"),
                      ("min-block=0", "min-block must be >= 1"), ("exact:k=4", "k comes from --k"),
                      ("sample", "not sampling")]:
         with pytest.raises(ValueError, match=msg):

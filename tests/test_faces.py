@@ -136,6 +136,14 @@ def test_faces_of_says_what_it_found(astronaut):
         F.faces_of(wall, if_none="error")
     (c,), note = F.faces_of(wall)
     assert c.how == "centre square" and "centre square" in note
+    (c,), note = F.faces_of(Image.new("RGB", (178, 218), (90, 120, 150)))  # CelebA's size: its crop
+    assert c.how == "celeba crop" and "CelebA's crop" in note
+    rng = np.random.default_rng(0)
+    for side in (8, 32):  # the model's input, or a face at its size: used as it is, not searched
+        small = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+        (c,), note = F.faces_of(Image.fromarray(small))
+        assert c.how == "as is" and note == f"a {side}x{side} image: used as it is"
+        assert np.array_equal(c.lr if side == 8 else c.crop, small)
     pair = Image.fromarray(np.concatenate([np.asarray(astronaut), np.asarray(astronaut.resize((256, 256)))[:, :, :]
                                            .repeat(2, 0).repeat(2, 1)[:512]], 1))
     both, note = F.faces_of(pair, "all")

@@ -469,26 +469,26 @@ def two_faces() -> Image.Image:
 def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, rng):
     src, out = tmp_path / "in", tmp_path / "out"
     src.mkdir()
-    two_faces().save(src / "pair.png")
+    two_faces().save(src / "pair_face0.png")  # the mark in its name: face 1 is still _face1
     save(src / "wall.png", photo(rng, 60, 90))  # no face
     save(src / "tiny.png", tiny8(rng))
     rc = main([str(src), "-o", str(out), "--faces", "all", "--paste-back", "--compare",
                "--metrics", str(tmp_path / "m.json")] + fast)
     cap = capsys.readouterr()
     assert rc == 0
-    for name in ["pair_face0.png", "pair_face1.png", "wall_face0.png", "tiny_face0.png"]:
+    for name in ["pair_face0_face0.png", "pair_face0_face1.png", "wall_face0.png", "tiny_face0.png"]:
         assert Image.open(out / name).size == (32, 32), name
         assert (out / name.replace(".png", "_compare.png")).is_file()
-    assert Image.open(out / "pair_pasted.png").size == (832 * 4, 512 * 4)
+    assert Image.open(out / "pair_face0_pasted.png").size == (832 * 4, 512 * 4)
     assert Image.open(out / "wall_pasted.png").size == (360, 240)
     assert f"warning: {src / 'wall.png'}: no face found in the 90x60 photo: its centre square is used" in cap.err
     assert "done 3, skipped 0 (already there), failed 0" in cap.out and "faces written 4" in cap.out
     rows = {Path(r["output"]).name: r for r in json.loads((tmp_path / "m.json").read_text())["images"]}
-    p0, p1 = rows["pair_face0.png"], rows["pair_face1.png"]
+    p0, p1 = rows["pair_face0_face0.png"], rows["pair_face0_face1.png"]
     assert (p0["face"], p1["face"], p0["framing"], rows["wall_face0.png"]["framing"]) == (0, 1, "detected", "centre square")
     assert p0["box"][2] - p0["box"][0] > p1["box"][2] - p1["box"][0] and p1["box"][0] > 512
     # the pasted photo: the enlarged photo outside the faces, the results inside
-    pasted = np.asarray(Image.open(out / "pair_pasted.png"))
+    pasted = np.asarray(Image.open(out / "pair_face0_pasted.png"))
     plain = np.asarray(two_faces().resize((832 * 4, 512 * 4), Image.Resampling.BICUBIC))
     assert (pasted[:40] == plain[:40]).all() and not (pasted == plain).all()
     # largest only, and --no-face skip: the wall is listed, not written, and not a failure
@@ -496,9 +496,9 @@ def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, 
     rc = main([str(src), "-o", str(out2), "--no-face", "skip"] + fast)
     cap = capsys.readouterr()
     assert rc == 0 and "no face found 1" in cap.out
-    assert sorted(p.name for p in out2.iterdir()) == ["pair.png", "tiny.png"]
+    assert sorted(p.name for p in out2.iterdir()) == ["pair_face0.png", "tiny.png"]
     # --faces none: the centre square, no detection; pasted back into the photo too
     assert main([str(src), "-o", str(tmp_path / "out3"), "--faces", "none", "--paste-back"] + fast) == 0
     assert "warning" not in capsys.readouterr().err
-    assert Image.open(tmp_path / "out3" / "pair_pasted.png").size == (832 * 4, 512 * 4)
+    assert Image.open(tmp_path / "out3" / "pair_face0_pasted.png").size == (832 * 4, 512 * 4)
     assert Image.open(tmp_path / "out3" / "tiny_pasted.png").size == (32, 32)  # an 8x8 input: its result

@@ -49,7 +49,7 @@ def config_from(config, args: argparse.Namespace, **overrides):
 
 # packages only some commands need, by the pyproject extra that installs them (the base install
 # decodes, upscales and trains without them)
-EXTRAS = {"gradio": "demo", "stlpips_pytorch": "eval", "torchvision": "eval", "torchsummary": "eval",
+EXTRAS = {"gradio": "demo", "stlpips_pytorch": "eval", "torchsummary": "eval",
           "IPython": "eval"}
 
 
