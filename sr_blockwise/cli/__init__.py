@@ -1,10 +1,10 @@
 """The `sr-blockwise` command: one subcommand per job, one module per subcommand.
 
 A command with a config dataclass (train.TrainConfig, evaluate.EvalConfig, upscale.Config) names
-its options' destinations after the config's fields and builds the config from them
-(`config_from`), so the two cannot drift apart; building the parser imports neither torch nor
-the config's module (`sr-blockwise --help` stays fast): the config is imported when the command
-runs.
+its options' destinations after the config's fields and builds the config from them, so the
+two cannot drift apart (tests compare the defaults). Train and evaluate (`config_from`) import
+neither torch nor the config's module to build their parser, so `sr-blockwise --help` stays
+fast; upscale (`sr_blockwise/cli_upscale.py`) reads its choices from its config module.
 """
 from __future__ import annotations
 
