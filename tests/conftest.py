@@ -48,3 +48,14 @@ def celeba_npz():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def two_faces():
+    """scikit-image's astronaut beside a smaller copy of herself: two faces of different sizes."""
+    import skimage.data
+    from PIL import Image
+    a = Image.fromarray(skimage.data.astronaut())
+    photo = Image.new("RGB", (832, 512), (128, 128, 128))
+    photo.paste(a, (0, 0))
+    photo.paste(a.resize((320, 320), Image.Resampling.BOX), (512, 96))
+    return photo

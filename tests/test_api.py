@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import two_faces
 from sr_blockwise import Upscaler, cli
 from sr_blockwise.api import ImageStats
 from sr_blockwise.data import match_input, read_input
@@ -173,16 +174,6 @@ def test_shipped_weights_give_the_batch_commands_faces(faces, tmp_path, one_thre
         assert st.mean_block > 1.2  # blockwise: fewer calls than greedy's 3072
     (alone,) = up.upscale_faces(faces[1], faces="largest")
     np.testing.assert_array_equal(pixels(alone.image), pixels(outs[1]))
-
-
-def two_faces() -> Image.Image:
-    """scikit-image's astronaut beside a smaller copy of herself: two faces of different sizes."""
-    import skimage.data
-    a = Image.fromarray(skimage.data.astronaut())
-    photo = Image.new("RGB", (832, 512), (128, 128, 128))
-    photo.paste(a, (0, 0))
-    photo.paste(a.resize((320, 320), Image.Resampling.BOX), (512, 96))
-    return photo
 
 
 def test_upscale_faces_returns_each_face_with_box_and_landmarks(tiny):

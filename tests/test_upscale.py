@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import two_faces
 from sr_blockwise import upscale
 from sr_blockwise import cli
 
@@ -455,16 +456,6 @@ def test_sample_mode_speculative_with_k_and_plain_with_k1(tmp_path, tiny_weights
 
 
 # ---------------------------------------------------------------- faces in photos
-
-def two_faces() -> Image.Image:
-    """scikit-image's astronaut beside a smaller copy of herself: two faces of different sizes."""
-    import skimage.data
-    a = Image.fromarray(skimage.data.astronaut())
-    photo = Image.new("RGB", (832, 512), (128, 128, 128))
-    photo.paste(a, (0, 0))
-    photo.paste(a.resize((320, 320), Image.Resampling.BOX), (512, 96))
-    return photo
-
 
 def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, rng):
     src, out = tmp_path / "in", tmp_path / "out"
