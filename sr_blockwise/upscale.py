@@ -552,6 +552,14 @@ def run(cfg: Config) -> int:
     if cfg.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
     jobs, ignored, info = plan(cfg)
+
+    def face_output(j: Job, n: int, path: Path) -> Path:
+        """Face n's file: with --faces all, STEM_face0 -> STEM_faceN (likewise its _compare)."""
+        if n == 0:
+            return path
+        head, mark, tail = path.name.rpartition(f"_face0{cfg.suffix}")  # the mark plan() added: the last
+        return path.with_name(f"{head}_face{n}{cfg.suffix}{tail}")
+
     if info["total"] == 0:
         raise ValueError("no images found in " + ", ".join(cfg.inputs)
                          + (f" ({len(ignored)} files without an image extension ignored)" if ignored else ""))
@@ -596,6 +604,12 @@ def run(cfg: Config) -> int:
 
     for j in done_before:
         metrics.add({**names(j), "status": "skipped"})
+        n = 1  # with --faces all, the photo's other faces written by the earlier run keep their rows too
+        while cfg.faces == "all" and face_output(j, n, j.out).is_file():
+            out = face_output(j, n, j.out)
+            metrics.add({**names(j), "output": str(out), "relative": out.relative_to(cfg.outdir).as_posix(),
+                         "status": "skipped"})
+            n += 1
     # a resumed run whose settings differ would leave its outputs unlike each other: say so
     def kept_unlike(key, read, now):
         """Outputs kept by --skip-existing whose earlier row recorded another value of `key`."""
@@ -657,13 +671,6 @@ def run(cfg: Config) -> int:
                     batch = []
         if batch:
             yield batch
-
-    def face_output(j: Job, n: int, path: Path) -> Path:
-        """Face n's file: with --faces all, STEM_face0 -> STEM_faceN (likewise its _compare)."""
-        if n == 0:
-            return path
-        head, mark, tail = path.name.rpartition(f"_face0{cfg.suffix}")  # the mark plan() added: the last
-        return path.with_name(f"{head}_face{n}{cfg.suffix}{tail}")
 
     shown = [0.0]
 

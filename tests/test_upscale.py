@@ -478,6 +478,12 @@ def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, 
     p0, p1 = rows["pair_face0_face0.png"], rows["pair_face0_face1.png"]
     assert (p0["face"], p1["face"], p0["framing"], rows["wall_face0.png"]["framing"]) == (0, 1, "detected", "centre square")
     assert p0["box"][2] - p0["box"][0] > p1["box"][2] - p1["box"][0] and p1["box"][0] > 512
+    # resumed: every face's row of the earlier run is kept, not only face 0's
+    assert main([str(src), "-o", str(out), "--faces", "all", "--paste-back", "--compare", "--skip-existing",
+                 "--metrics", str(tmp_path / "m.json")] + fast) == 0
+    capsys.readouterr()
+    again = {Path(r["output"]).name: r for r in json.loads((tmp_path / "m.json").read_text())["images"]}
+    assert again.keys() == rows.keys() and again["pair_face0_face1.png"]["calls"] == p1["calls"]
     # the pasted photo: the enlarged photo outside the faces, the results inside
     pasted = np.asarray(Image.open(out / "pair_face0_pasted.png"))
     plain = np.asarray(two_faces().resize((832 * 4, 512 * 4), Image.Resampling.BICUBIC))
