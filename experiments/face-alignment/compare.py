@@ -30,6 +30,7 @@ import numpy as np
 import skimage.data
 from PIL import Image
 
+from lbp_cascade import largest_box
 from sr_blockwise import faces as F
 from sr_blockwise.api import Upscaler
 from sr_blockwise.data import DEFAULT_DATA, CELEBA_BOX, downsample_8, match_input, open_rgb, part_mask
@@ -48,21 +49,13 @@ rng = np.random.default_rng(0)
 
 
 def cascade_square(img: Image.Image) -> Image.Image | None:
-    """The demo's former face crop: skimage's LBP cascade, the largest box grown 1.5x."""
-    from skimage.feature import Cascade
-    scale = min(1.0, 512 / max(img.size))
-    small = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))),
-                       Image.Resampling.BOX) if scale < 1 else img
-    side_max = min(small.size)
-    if side_max < 24:
+    """The LBP cascade's face crop: the largest box grown 1.5x into a square."""
+    box = largest_box(img)
+    if box is None:
         return None
-    found = Cascade(skimage.data.lbp_frontal_face_cascade_filename()).detect_multi_scale(
-        img=np.asarray(small), scale_factor=1.2, step_ratio=1, min_size=(24, 24), max_size=(side_max, side_max))
-    if not found:
-        return None
-    f = max(found, key=lambda f: f["width"] * f["height"])
-    cx, cy = (f["c"] + f["width"] / 2) / scale, (f["r"] + f["height"] / 2) / scale
-    side = min(1.5 * f["width"] / scale, img.width, img.height)
+    x, y, w, h = box
+    cx, cy = x + w / 2, y + h / 2
+    side = min(1.5 * w, img.width, img.height)
     left = min(max(cx - side / 2, 0), img.width - side)
     top = min(max(cy - side / 2, 0), img.height - side)
     return img.crop((round(left), round(top), round(left + side), round(top + side)))

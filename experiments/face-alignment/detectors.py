@@ -17,8 +17,8 @@ import time
 import numpy as np
 import skimage.data
 from PIL import Image
-from skimage.feature import Cascade
 
+from lbp_cascade import largest_box
 from sr_blockwise import faces as F
 from sr_blockwise.data import DEFAULT_DATA, open_rgb, part_mask
 
@@ -27,23 +27,10 @@ p.add_argument("--lfw", type=int, default=50)
 p.add_argument("--reframed", type=int, default=24)
 args = p.parse_args()
 rng = np.random.default_rng(0)
-cascade = Cascade(skimage.data.lbp_frontal_face_cascade_filename())
-
-
 def lbp(img: Image.Image):
     """The largest LBP cascade box as (left, top, side), in the photo's pixels, or None."""
-    scale = min(1.0, 512 / max(img.size))
-    small = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))),
-                       Image.Resampling.BOX) if scale < 1 else img
-    side_max = min(small.size)
-    if side_max < 24:
-        return None
-    found = cascade.detect_multi_scale(img=np.asarray(small), scale_factor=1.2, step_ratio=1,
-                                       min_size=(24, 24), max_size=(side_max, side_max))
-    if not found:
-        return None
-    f = max(found, key=lambda f: f["width"] * f["height"])
-    return f["c"] / scale, f["r"] / scale, f["width"] / scale
+    box = largest_box(img)
+    return None if box is None else box[:3]
 
 
 def reframe(photo: Image.Image, size=256):
