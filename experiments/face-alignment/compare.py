@@ -3,8 +3,8 @@
 Three ways to make the 8x8 input of a photo, each scored against the real face in its own
 framing at 32x32 (the 32x32 crop the same way makes, before the 8x8 downsample):
   aligned: MTCNN landmarks -> similarity transform to the training template (sr_blockwise.faces)
-  centre:  the photo's centre square (the batch command's and the API's framing before)
-  cascade: skimage's LBP cascade box grown 1.5x into a square (the demo's "detect face" before;
+  centre:  the photo's centre square (`--faces none`)
+  cascade: skimage's LBP cascade box grown 1.5x into a square (a simpler detector, no landmarks;
            the centre square where it finds nothing)
 
 Photos (all offline):
@@ -12,7 +12,7 @@ Photos (all offline):
   astronaut: skimage.data.astronaut() (512x512)
   reframed: held-out CelebA test faces (id % 16 == 0), each mirrored outward and given a random similarity
             (scale 0.45-1.2, rotation +-25 degrees, shift) into a 256x256 photo
-  celeba:   held-out CelebA photos as they are (178x218): aligned vs the paper's crop (today's)
+  celeba:   held-out CelebA photos as they are (178x218): aligned vs the paper's crop (paper-crop)
 Decoding: shipped cpu-finetuned, exact mode (identical to greedy) at its default input guidance;
 scores on the decoder's own outputs and on outputs matched to the 8x8 input (the default).
 A face "collapses" where some 4x4 cell of the decoder's own output is off its input pixel by
@@ -108,7 +108,7 @@ for f in celeba:
     found = F.find_faces(img)
     rows.append({"set": "celeba", "name": f.stem, "img": img, "aligned": found[0].crop if found else None,
                  "face": found[0] if found else None,
-                 "today": np.asarray(img.crop(CELEBA_BOX).resize((32, 32), Image.Resampling.BOX))})
+                 "paper-crop": np.asarray(img.crop(CELEBA_BOX).resize((32, 32), Image.Resampling.BOX))})
 print(f"{len(rows)} photos prepared in {time.perf_counter() - t0:.0f} s; aligned found a face in "
       f"{sum(r['aligned'] is not None for r in rows)}")
 
@@ -116,7 +116,7 @@ print(f"{len(rows)} photos prepared in {time.perf_counter() - t0:.0f} s; aligned
 up = Upscaler("cpu-finetuned", device="cpu", dtype="float32")
 opts = up.options("exact", prior_weight=args.prior_weight)
 print(f"input guidance {opts.prior_weight:g}")
-jobs = [(i, fr) for i, r in enumerate(rows) for fr in ("aligned", "centre", "cascade", "today") if r.get(fr) is not None]
+jobs = [(i, fr) for i, r in enumerate(rows) for fr in ("aligned", "centre", "cascade", "paper-crop") if r.get(fr) is not None]
 real = np.stack([rows[i][fr] for i, fr in jobs])
 lr = downsample_8(real)
 # each distinct input once (the cascade falls back to the centre square where it finds nothing)
@@ -166,7 +166,7 @@ def table(sets, framings, title):
 
 ood = [("lfw",), ("astronaut",), ("reframed",), ("lfw", "astronaut", "reframed")]
 table(ood, ["aligned", "centre", "cascade"], "Out-of-distribution framing: aligned vs centre square vs cascade square")
-table([("celeba",)], ["aligned", "today"], "Held-out CelebA photos as they are: aligned vs the paper's crop")
+table([("celeba",)], ["aligned", "paper-crop"], "Held-out CelebA photos as they are: aligned vs the paper's crop")
 missed = [r["name"] for r in rows if r["aligned"] is None]
 print(f"\nno face found (aligned row left out): {missed}")
 

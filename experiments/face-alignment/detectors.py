@@ -1,12 +1,12 @@
 """Detection quality: MTCNN (facenet-pytorch, as sr_blockwise.faces runs it) against skimage's
-LBP cascade (the demo's detector before), on photos whose answer is known.
+LBP cascade (a simpler detector, no landmarks), on photos whose answer is known.
 
 - LFW (skimage.data.lfw_subset): the first --lfw faces (found?) and the first --lfw of its 100
   non-faces (a detection there is a false positive);
 - reframed: held-out CelebA test photos moved by a known random similarity into 256x256 photos
   (compare.py's reframing). The ideal crop is the paper's crop moved by the same similarity; the
   error of a framing is the mean distance of its crop's four corners from the ideal crop's, in
-  pixels of the 32x32 crop. The cascade's framing: its box grown 1.5x into a square (the demo's).
+  pixels of the 32x32 crop. The cascade's framing: its box grown 1.5x into a square.
 
     PYTHONPATH=. python experiments/face-alignment/detectors.py --lfw 50 --reframed 24
 """
