@@ -73,11 +73,15 @@ struct Engine {
     const float *nbr_prior;  // (K-1, refs, 3, 511)
     // per image
     int B, cache_len;
+    // Keys and values are float32, or bfloat16 where the decoder layers' weights are all bfloat16
+    // (a decoder trained in bf16, whose keys and values were bf16 there too): half the bytes to
+    // read, and reading them is most of an attention call (1.8 MB an image a call in float32).
+    int kv_bf16;
     // per layer: keys (B, d, cache_len), transposed; values (B, cache_len, d). A ring: position p
     // lives in slot p mod 3L, and slots below L again at +3L, so every window (2 blocks from a
     // block start) is contiguous; 3 blocks suffice because a call writes at most MAXK < L ahead.
-    float **k_cache, **v_cache;
-    const float **enc_k, **enc_v;  // per layer: keys (B, d, 192), transposed; values (B, 192, d)
+    void **k_cache, **v_cache;
+    const void **enc_k, **enc_v;  // per layer: keys (B, d, 192), transposed; values (B, 192, d)
     int n_src;
     const float* pos_emb;  // (B, S, d): position (+ lr_skip) part of the decoder input
     const int32_t* cell;   // (B, S): the 8x8 input's intensity under each position
@@ -88,15 +92,26 @@ struct Engine {
 
 // ---------------------------------------------------------------- kernels
 
-static inline v16 ld_weights(const float* p) { return ld(p); }
-static inline v16 ld_weights(const uint16_t* p) {  // 16 bfloat16 -> float32 (exact: the high half)
+// 16 values as float32 from float32, or from bfloat16 (exact: a bfloat16 is a float32's high half)
+static inline v16 ld_wide(const float* p) { return ld(p); }
+static inline v16 ld_wide(const uint16_t* p) {
     __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return (v16)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+// x as stored in a float32 or a bfloat16 cache (bfloat16: rounded to nearest, ties to even, as
+// torch's .to(torch.bfloat16) rounds the encoder's keys and values)
+static inline void put(float* p, float x) { *p = x; }
+static inline void put(uint16_t* p, float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    *p = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
 // y[r, 0:16*NC] = b + x[r, 0:K] @ W[0:K, 0:16*NC] for NR rows (W: NC panels, `panel` elements
 // apart). Each output is accumulated over k in order, one multiply-add at a time, so a row's result
 // does not depend on the rows beside it, on NR or on NC (the tiles only share the weight loads).
+// Bfloat16 weights are widened, not multiplied with the processor's bf16 dot product: on this
+// Zen 5 that instruction ran at 0.6 of the float32 rate (experiments/bf16-dot-products/).
 template <int NR, int NC, typename WT>
 static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K) {
     v16 acc[NR][NC];
@@ -104,7 +119,7 @@ static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const f
         for (int c = 0; c < NC; c++) acc[r][c] = b ? ld(b + 16 * c) : splat(0.f);
     for (int k = 0; k < K; k++) {
         v16 w[NC];
-        for (int c = 0; c < NC; c++) w[c] = ld_weights(W + c * panel + (size_t)k * 16);
+        for (int c = 0; c < NC; c++) w[c] = ld_wide(W + c * panel + (size_t)k * 16);
         for (int r = 0; r < NR; r++) {
             v16 xs = splat(x[(size_t)r * ldx + k]);
             for (int c = 0; c < NC; c++) acc[r][c] += xs * w[c];
@@ -200,18 +215,18 @@ static double sum_f64(const float* x, int n) {
 
 // out[i, 0:16] = inv[i] * sum over keys j of scores[i, j] * V[j, 0:16] for min(n, NQ) queries,
 // as four partial sums over j mod 4, added pairwise at the end
-template <int NQ>
-static void weighted_sum(int n, const float* scores, int span, const float* V, int ldv, int jend,
+template <int NQ, typename KV>
+static void weighted_sum(int n, const float* scores, int span, const KV* V, int ldv, int jend,
                          const float* inv, float* out, int ldo) {
     if (n < NQ) {
-        if constexpr (NQ > 1) weighted_sum<NQ - 1>(n, scores, span, V, ldv, jend, inv, out, ldo);
+        if constexpr (NQ > 1) weighted_sum<NQ - 1, KV>(n, scores, span, V, ldv, jend, inv, out, ldo);
         return;
     }
     v16 acc[NQ][4];
     for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = splat(0.f);
     for (int j = 0; j < jend; j += 4) {
-        const float* vr = V + (size_t)j * ldv;
-        v16 v0 = ld(vr), v1 = ld(vr + ldv), v2 = ld(vr + 2 * ldv), v3 = ld(vr + 3 * ldv);
+        const KV* vr = V + (size_t)j * ldv;
+        v16 v0 = ld_wide(vr), v1 = ld_wide(vr + ldv), v2 = ld_wide(vr + 2 * ldv), v3 = ld_wide(vr + 3 * ldv);
         for (int i = 0; i < NQ; i++) {
             const float* sc = scores + i * span + j;
             acc[i][0] += splat(sc[0]) * v0; acc[i][1] += splat(sc[1]) * v1;
@@ -228,9 +243,9 @@ static void weighted_sum(int n, const float* scores, int span, const float* V, i
 // (position, d). A query's scores, softmax and weighted sum are the same operations in the same
 // order whatever queries share the call: keys past its own end get weight exactly 0, the sums run
 // over the key's offset from lo, and the weighted sum goes four queries at a time (registers).
-template <int NQ>
-static void attend_group(const float* q, int ldq, const int* hi, const float* KT, int ldk,
-                         const float* Vv, int lo, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
+template <int NQ, typename KV>
+static void attend_group(const float* q, int ldq, const int* hi, const KV* KT, int ldk,
+                         const KV* Vv, int lo, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
     const float scale = 1.f / std::sqrt((float)hd);
     const int d = H * hd;
     int cnt[NQ], cmax = 0;
@@ -241,8 +256,8 @@ static void attend_group(const float* q, int ldq, const int* hi, const float* KT
             v16 a[NQ][2];
             for (int i = 0; i < NQ; i++) a[i][0] = a[i][1] = splat(0.f);
             for (int e = 0; e < hd; e++) {
-                const float* kr = KT + (size_t)(h * hd + e) * ldk + lo + j;
-                v16 k0 = ld(kr), k1 = ld(kr + 16);
+                const KV* kr = KT + (size_t)(h * hd + e) * ldk + lo + j;
+                v16 k0 = ld_wide(kr), k1 = ld_wide(kr + 16);
                 for (int i = 0; i < NQ; i++) {
                     v16 qs = splat(q[(size_t)i * ldq + h * hd + e]);
                     a[i][0] += qs * k0; a[i][1] += qs * k1;
@@ -266,15 +281,16 @@ static void attend_group(const float* q, int ldq, const int* hi, const float* KT
         const int jend = (cmax + 3) & ~3;
         for (int e = 0; e < hd; e += 16)
             for (int i0 = 0; i0 < NQ; i0 += 4)
-                weighted_sum<(NQ < 4 ? NQ : 4)>(NQ - i0, scores + i0 * span, span, Vv + (size_t)lo * d + h * hd + e,
+                weighted_sum<(NQ < 4 ? NQ : 4), KV>(NQ - i0, scores + i0 * span, span, Vv + (size_t)lo * d + h * hd + e,
                                                  d, jend, inv + i0, out + (size_t)i0 * ldo + h * hd + e, ldo);
     }
 }
 
 // attention for n queries whose windows start at lo[i] and end at hi[i], heads h0..h1-1: runs of
 // queries with the same start go through attend_group eight at a time
-static void attend(const float* q, int ldq, int n, const int* lo, const int* hi, const float* KT, int ldk,
-                   const float* Vv, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
+template <typename KV>
+static void attend(const float* q, int ldq, int n, const int* lo, const int* hi, const KV* KT, int ldk,
+                   const KV* Vv, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
     int i = 0;
     while (i < n) {
         int m = 1;
@@ -282,14 +298,14 @@ static void attend(const float* q, int ldq, int n, const int* lo, const int* hi,
         const float* qi = q + (size_t)i * ldq;
         float* oi = out + (size_t)i * ldo;
         switch (m) {
-            case 8: attend_group<8>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 7: attend_group<7>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 6: attend_group<6>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 5: attend_group<5>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 4: attend_group<4>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 3: attend_group<3>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 2: attend_group<2>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            default: attend_group<1>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1);
+            case 8: attend_group<8, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 7: attend_group<7, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 6: attend_group<6, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 5: attend_group<5, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 4: attend_group<4, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 3: attend_group<3, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            case 2: attend_group<2, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
+            default: attend_group<1, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1);
         }
         i += m;
     }
@@ -321,8 +337,10 @@ static float* scores_buffer(const Engine* E) {  // one per thread: 8 queries' sc
 // KT (d, keys) and values V (keys, d), one image and head per work item of the team. local: the
 // decoder's self-attention, where query p reads keys from the start of the previous attention
 // block to p, from the KV ring (see Engine); otherwise every key (cross-attention to the encoder).
+template <typename KV>
 static void attention(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* q, int ldq,
-                      const float* KT, const float* Vv, int n_keys, bool local, float* out, float* scores) {
+                      const void* keys, const void* values, int n_keys, bool local, float* out, float* scores) {
+    const KV *KT = (const KV*)keys, *Vv = (const KV*)values;
     const int d = E->d, H = E->H, L = E->L;
     #pragma omp for schedule(static)
     for (int ih = 0; ih < m * H; ih++) {
@@ -335,6 +353,28 @@ static void attention(const Engine* E, int m, const int* imgs, int n, const int*
         }
         attend(q + (size_t)i * n * ldq, ldq, n, lo, hi, KT + (size_t)b * n_keys * d, n_keys,
                Vv + (size_t)b * n_keys * d, H, d / H, out + (size_t)i * n * d, d, scores, h, h + 1);
+    }
+}
+
+static void attention(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* q, int ldq,
+                      const void* keys, const void* values, int n_keys, bool local, float* out, float* scores) {
+    if (E->kv_bf16) attention<uint16_t>(E, m, imgs, n, pos0, q, ldq, keys, values, n_keys, local, out, scores);
+    else attention<float>(E, m, imgs, n, pos0, q, ldq, keys, values, n_keys, local, out, scores);
+}
+
+// the K/V of the R rows of qkv (row r: token r % n of image imgs[r / n]) into their ring slots of
+// layer li's caches. Team call.
+template <typename KV>
+static void write_kv(const Engine* E, int li, int m, const int* imgs, int n, const int* pos0, const float* qkv) {
+    const int d = E->d, CL = E->cache_len;
+    #pragma omp for schedule(static)
+    for (int r = 0; r < m * n; r++) {
+        int i = r / n, b = imgs[i], slot = (pos0[i] + r % n) % (3 * E->L);
+        KV* Kc = (KV*)E->k_cache[li] + (size_t)b * CL * d;
+        KV* Vc = (KV*)E->v_cache[li] + (size_t)b * CL * d;
+        const float *k = qkv + (size_t)r * 3 * d + d, *v = k + d;
+        for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L)  // slots < L also at +3L
+            for (int c = 0; c < d; c++) { put(Kc + (size_t)c * CL + copy, k[c]); put(Vc + (size_t)copy * d + c, v[c]); }
     }
 }
 
@@ -369,16 +409,8 @@ static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* 
     for (int li = 0; li < E->n_layers; li++) {
         const Layer& Ly = E->layers[li];
         linear(w.xn, d, R, Ly.qkv_w, Ly.qkv_b, w.qkv, 3 * d, d, 3 * d);
-        #pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            int i = r / n, b = imgs[i], slot = (pos0[i] + r % n) % (3 * E->L);
-            float* Kc = E->k_cache[li] + (size_t)b * CL * d;
-            float* Vc = E->v_cache[li] + (size_t)b * CL * d;
-            for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L) {  // slots < L also at +3L
-                for (int c = 0; c < d; c++) Kc[(size_t)c * CL + copy] = w.qkv[(size_t)r * 3 * d + d + c];
-                std::memcpy(Vc + (size_t)copy * d, w.qkv + (size_t)r * 3 * d + 2 * d, d * sizeof(float));
-            }
-        }
+        if (E->kv_bf16) write_kv<uint16_t>(E, li, m, imgs, n, pos0, w.qkv);
+        else write_kv<float>(E, li, m, imgs, n, pos0, w.qkv);
         attention(E, m, imgs, n, pos0, w.qkv, 3 * d, E->k_cache[li], E->v_cache[li], CL, true, w.att, scores);
         linear(w.att, d, R, Ly.out_w, Ly.out_b, w.xn, d, d, d);
         residual_norm(R, d, w.x, w.xn, Ly.ln2_w, Ly.ln2_b, w.xn);

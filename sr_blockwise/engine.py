@@ -53,9 +53,9 @@ class _Engine(ctypes.Structure):
                 + [(n, _F) for n in ("tgt_emb", "dec_ln_w", "dec_ln_b")]
                 + [(n, _Mat) for n in ("lm_w", "heads_up_w", "heads_down_w")]
                 + [(n, _F) for n in ("heads_up_b", "heads_down_b", "heads_ln_w", "heads_ln_b", "lr_prior", "nbr_prior")]
-                + [("B", ctypes.c_int), ("cache_len", ctypes.c_int),
-                   ("k_cache", ctypes.POINTER(_F)), ("v_cache", ctypes.POINTER(_F)),
-                   ("enc_k", ctypes.POINTER(_F)), ("enc_v", ctypes.POINTER(_F)), ("n_src", ctypes.c_int),
+                + [("B", ctypes.c_int), ("cache_len", ctypes.c_int), ("kv_bf16", ctypes.c_int)]
+                + [(n, ctypes.POINTER(ctypes.c_void_p)) for n in ("k_cache", "v_cache", "enc_k", "enc_v")]
+                + [("n_src", ctypes.c_int),
                    ("pos_emb", _F), ("cell", ctypes.POINTER(ctypes.c_int32)), ("prior_weight", ctypes.c_float),
                    ("work", _F), ("threads", ctypes.c_int)])
 
@@ -156,7 +156,9 @@ class Weights:
     """A model's weights in the engine's layout (float32; linear weights transposed, in x out, in
     panels of 16 columns, and kept in bfloat16 where every entry is a bfloat16 value already: the
     same numbers, half the bytes to stream), packed once and shared by every batch decoded with
-    the model."""
+    the model. `bf16`: the decoder layers' matrices are all bfloat16 (a decoder trained in bf16,
+    whose keys and values were bfloat16 in training), and then batches keep their keys and values
+    in bfloat16 too: reading them is most of an attention call."""
 
     def __init__(self, model: ImageTransformerSR):
         why = supports(model)
@@ -210,6 +212,8 @@ class Weights:
                 e.nbr_prior = f(heads.nbr_prior)
         if model.lr_prior is not None:
             e.has_lr_prior, e.lr_prior = 1, f(model.lr_prior)
+        self.bf16 = all(getattr(L, n).bf16 for L in layers for n in ("qkv_w", "out_w", "cq_w", "cout_w", "up_w", "down_w"))
+        e.kv_bf16 = int(self.bf16)
         self.struct, self._keep, self._layers = e, keep, layers
         self.fingerprint = _fingerprint(model)
 
@@ -255,14 +259,15 @@ class Batch:
             self.cell = model.cell_intensity(src, pos.expand(B, -1)).to(torch.int32).contiguous()
             enc = model.encode(src)
             kv = model.cross_kv(enc)
-            self.enc_k = [_f32(k_.transpose(1, 2)) for k_, _ in kv]
-            self.enc_v = [_f32(v_) for _, v_ in kv]
-        self.k_cache = [torch.zeros(B, d, cache_len) for _ in range(cfg.n_dec_layers)]  # transposed
-        self.v_cache = [torch.zeros(B, cache_len, d) for _ in range(cfg.n_dec_layers)]
+            kv_dtype = torch.bfloat16 if weights.bf16 else torch.float32
+            self.enc_k = [_f32(k_.transpose(1, 2)).to(kv_dtype).contiguous() for k_, _ in kv]
+            self.enc_v = [_f32(v_).to(kv_dtype).contiguous() for _, v_ in kv]
+        self.k_cache = [torch.zeros(B, d, cache_len, dtype=kv_dtype) for _ in range(cfg.n_dec_layers)]  # transposed
+        self.v_cache = [torch.zeros(B, cache_len, d, dtype=kv_dtype) for _ in range(cfg.n_dec_layers)]
         e = _Engine.from_buffer_copy(weights.struct)
-        self._ptr_arrays = [(_F * len(xs))(*[_ptr(x) for x in xs])
+        self._ptr_arrays = [(ctypes.c_void_p * len(xs))(*[x.data_ptr() for x in xs])
                             for xs in (self.k_cache, self.v_cache, self.enc_k, self.enc_v)]
-        e.k_cache, e.v_cache, e.enc_k, e.enc_v = [ctypes.cast(a, ctypes.POINTER(_F)) for a in self._ptr_arrays]
+        e.k_cache, e.v_cache, e.enc_k, e.enc_v = [ctypes.cast(a, ctypes.POINTER(ctypes.c_void_p)) for a in self._ptr_arrays]
         e.B, e.cache_len, e.n_src = B, cache_len, SRC_LEN
         e.pos_emb, e.cell = _ptr(self.pos_emb), _ptr(self.cell, ctypes.POINTER(ctypes.c_int32))
         e.prior_weight = float(prior_weight)

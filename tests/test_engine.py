@@ -22,10 +22,20 @@ def _image(seed, B=2):
 @pytest.mark.parametrize("seed, bf16_weights", [(0, False), (1, True)])
 def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights):
     """bf16_weights: every weight a bfloat16 value (a model trained in bf16), which the engine
-    keeps in bfloat16: the same numbers in half the bytes."""
+    keeps in bfloat16 (the same numbers in half the bytes); it then keeps keys and values in
+    bfloat16 too, as bf16 training made them: the float64 reference rounds them where they are
+    made."""
     m = make_tiny(seed)
     m = (m.to(torch.bfloat16) if bf16_weights else m).double()
-    assert engine.packed(m).struct.lm_w.bf16 == int(bf16_weights)
+    assert engine.packed(m).struct.lm_w.bf16 == engine.packed(m).struct.kv_bf16 == int(bf16_weights)
+    if bf16_weights:
+        d = m.cfg.d_model
+
+        def kv_in_bf16(module, inputs, out, first=0):
+            return torch.cat([out[..., :first], out[..., first:].bfloat16().double()], -1)
+        for layer in m.decoder:
+            layer.self_attn.qkv.register_forward_hook(lambda mod, i, o: kv_in_bf16(mod, i, o, first=d))
+            layer.cross_attn.kv.register_forward_hook(kv_in_bf16)
     src, tgt, prev = _image(seed)
     with torch.no_grad():
         full = m(src, tgt)
@@ -44,12 +54,16 @@ def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights):
         torch.testing.assert_close(torch.cat(zs).double(), logits[b], rtol=0, atol=2e-3)
 
 
-def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_tokens():
+@pytest.mark.parametrize("bf16_weights", [False, True])
+def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_tokens(bf16_weights):
     """Greedy feeds one token per call; a verify call feeds k, some of them later rejected (their
     K/V is overwritten when the position comes again). On a random model of the shipped preset."""
     torch.manual_seed(0)
     m = ImageTransformerSR(preset("cpu")).eval()
     torch.nn.init.normal_(m.lr_emb.weight, std=0.1)
+    if bf16_weights:
+        m = m.to(torch.bfloat16).float()
+    assert engine.packed(m).bf16 == bf16_weights
     src, tgt, prev = _image(3)
     T = 400
     alone_batch = engine.Batch(m, src, k=1)
@@ -67,8 +81,11 @@ def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_toke
     assert torch.equal(torch.cat(states)[:T], alone)
 
 
-def test_an_images_output_does_not_depend_on_its_batch():
-    m = make_tiny(5).for_inference(torch.float32)
+@pytest.mark.parametrize("bf16_weights", [False, True])
+def test_an_images_output_does_not_depend_on_its_batch(bf16_weights):
+    m = make_tiny(5)
+    m = (m.to(torch.bfloat16) if bf16_weights else m).for_inference(torch.float32)
+    assert engine.packed(m).bf16 == bf16_weights
     lr = np.random.default_rng(5).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8)
     for opts in (DecodeOptions(k=1), DecodeOptions(k=6), DecodeOptions(k=6, rule="eps", eps=2)):
         together = decode(m, lr, opts)
