@@ -77,11 +77,12 @@ struct Engine {
     // (a decoder trained in bf16, whose keys and values were bf16 there too): half the bytes to
     // read, and reading them is most of an attention call (1.8 MB an image a call in float32).
     int kv_bf16;
-    // per layer: keys (B, d, cache_len), transposed; values (B, cache_len, d). A ring: position p
+    // per layer: keys (B, H, cache_len / 32, d / H, 32) and values (B, H, cache_len, d / H), per
+    // head and in tiles of 32 keys (see attend_group). A ring: position p
     // lives in slot p mod 3L, and slots below L again at +3L, so every window (2 blocks from a
     // block start) is contiguous; 3 blocks suffice because a call writes at most MAXK < L ahead.
     void **k_cache, **v_cache;
-    const void **enc_k, **enc_v;  // per layer: keys (B, d, 192), transposed; values (B, 192, d)
+    const void **enc_k, **enc_v;  // per layer: keys (B, H, 192 / 32, d / H, 32); values (B, H, 192, d / H)
     int n_src;
     const float* pos_emb;  // (B, S, d): position (+ lr_skip) part of the decoder input
     const int32_t* cell;   // (B, S): the 8x8 input's intensity under each position
@@ -237,60 +238,59 @@ static void weighted_sum(int n, const float* scores, int span, const KV* V, int 
         st(out + (size_t)i * ldo, ((acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3])) * inv[i]);
 }
 
-// Softmax attention of NQ <= 8 queries (rows of q, stride ldq) whose windows start at the same
-// key lo and end at hi[i], per head: the group reads the keys and values once. KT holds the keys
-// transposed (d, ldk), so 16 keys' scores are one vector per input dimension; Vv the values
-// (position, d). A query's scores, softmax and weighted sum are the same operations in the same
-// order whatever queries share the call: keys past its own end get weight exactly 0, the sums run
-// over the key's offset from lo, and the weighted sum goes four queries at a time (registers).
+// Softmax attention of one head for NQ <= 8 queries (rows of q, stride ldq, at the head's
+// dimensions) whose windows start at the same key lo (a multiple of 32) and end at hi[i]: the
+// group reads the keys and values once. KT holds the head's keys in tiles of 32 keys, each tile
+// (hd, 32) with a dimension's 32 keys contiguous, so 16 keys' scores are one vector per dimension
+// and a window's keys are one contiguous run of memory; Vv the head's values (key, hd). A
+// query's scores, softmax and weighted sum are the same operations in the same order whatever
+// queries share the call: keys past its own end get weight exactly 0, the sums run over the
+// key's offset from lo, and the weighted sum goes four queries at a time (registers).
 template <int NQ, typename KV>
-static void attend_group(const float* q, int ldq, const int* hi, const KV* KT, int ldk,
-                         const KV* Vv, int lo, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
+static void attend_group(const float* q, int ldq, const int* hi, const KV* KT, const KV* Vv, int lo, int hd,
+                         float* out, int ldo, float* scores) {
     const float scale = 1.f / std::sqrt((float)hd);
-    const int d = H * hd;
     int cnt[NQ], cmax = 0;
     for (int i = 0; i < NQ; i++) { cnt[i] = hi[i] - lo + 1; cmax = cnt[i] > cmax ? cnt[i] : cmax; }
-    const int span = (cmax + 31) & ~31;  // scores per query: whole pairs of 16-key chunks
-    for (int h = h0; h < h1; h++) {
-        for (int j = 0; j < span; j += 32) {
-            v16 a[NQ][2];
-            for (int i = 0; i < NQ; i++) a[i][0] = a[i][1] = splat(0.f);
-            for (int e = 0; e < hd; e++) {
-                const KV* kr = KT + (size_t)(h * hd + e) * ldk + lo + j;
-                v16 k0 = ld_wide(kr), k1 = ld_wide(kr + 16);
-                for (int i = 0; i < NQ; i++) {
-                    v16 qs = splat(q[(size_t)i * ldq + h * hd + e]);
-                    a[i][0] += qs * k0; a[i][1] += qs * k1;
-                }
+    const int span = (cmax + 31) & ~31;  // scores per query: whole tiles of 32 keys
+    for (int j = 0; j < span; j += 32) {
+        const KV* tile = KT + (size_t)(lo + j) * hd;
+        v16 a[NQ][2];
+        for (int i = 0; i < NQ; i++) a[i][0] = a[i][1] = splat(0.f);
+        for (int e = 0; e < hd; e++) {
+            v16 k0 = ld_wide(tile + e * 32), k1 = ld_wide(tile + e * 32 + 16);
+            for (int i = 0; i < NQ; i++) {
+                v16 qs = splat(q[(size_t)i * ldq + e]);
+                a[i][0] += qs * k0; a[i][1] += qs * k1;
             }
-            for (int i = 0; i < NQ; i++) { st(scores + i * span + j, a[i][0] * scale); st(scores + i * span + j + 16, a[i][1] * scale); }
         }
-        float inv[NQ];
-        for (int i = 0; i < NQ; i++) {
-            float* sc = scores + i * span;
-            const int c16 = cnt[i] & ~15;
-            v16 vm = splat(sc[0]);
-            for (int j = 0; j < c16; j += 16) { v16 x = ld(sc + j); vm = x > vm ? x : vm; }
-            float mx = vm[0];
-            for (int l = 1; l < 16; l++) mx = vm[l] > mx ? vm[l] : mx;
-            for (int j = c16; j < cnt[i]; j++) mx = sc[j] > mx ? sc[j] : mx;
-            for (int j = 0; j < span; j += 16) st(sc + j, vexp(ld(sc + j) - mx));
-            for (int j = cnt[i]; j < span; j++) sc[j] = 0.f;
-            inv[i] = (float)(1.0 / sum_f64(sc, cnt[i]));
-        }
-        const int jend = (cmax + 3) & ~3;
-        for (int e = 0; e < hd; e += 16)
-            for (int i0 = 0; i0 < NQ; i0 += 4)
-                weighted_sum<(NQ < 4 ? NQ : 4), KV>(NQ - i0, scores + i0 * span, span, Vv + (size_t)lo * d + h * hd + e,
-                                                 d, jend, inv + i0, out + (size_t)i0 * ldo + h * hd + e, ldo);
+        for (int i = 0; i < NQ; i++) { st(scores + i * span + j, a[i][0] * scale); st(scores + i * span + j + 16, a[i][1] * scale); }
     }
+    float inv[NQ];
+    for (int i = 0; i < NQ; i++) {
+        float* sc = scores + i * span;
+        const int c16 = cnt[i] & ~15;
+        v16 vm = splat(sc[0]);
+        for (int j = 0; j < c16; j += 16) { v16 x = ld(sc + j); vm = x > vm ? x : vm; }
+        float mx = vm[0];
+        for (int l = 1; l < 16; l++) mx = vm[l] > mx ? vm[l] : mx;
+        for (int j = c16; j < cnt[i]; j++) mx = sc[j] > mx ? sc[j] : mx;
+        for (int j = 0; j < span; j += 16) st(sc + j, vexp(ld(sc + j) - mx));
+        for (int j = cnt[i]; j < span; j++) sc[j] = 0.f;
+        inv[i] = (float)(1.0 / sum_f64(sc, cnt[i]));
+    }
+    const int jend = (cmax + 3) & ~3;
+    for (int e = 0; e < hd; e += 16)
+        for (int i0 = 0; i0 < NQ; i0 += 4)
+            weighted_sum<(NQ < 4 ? NQ : 4), KV>(NQ - i0, scores + i0 * span, span, Vv + (size_t)lo * hd + e, hd, jend,
+                                                 inv + i0, out + (size_t)i0 * ldo + e, ldo);
 }
 
-// attention for n queries whose windows start at lo[i] and end at hi[i], heads h0..h1-1: runs of
+// one head's attention for n queries whose windows start at lo[i] and end at hi[i]: runs of
 // queries with the same start go through attend_group eight at a time
 template <typename KV>
-static void attend(const float* q, int ldq, int n, const int* lo, const int* hi, const KV* KT, int ldk,
-                   const KV* Vv, int H, int hd, float* out, int ldo, float* scores, int h0, int h1) {
+static void attend(const float* q, int ldq, int n, const int* lo, const int* hi, const KV* KT, const KV* Vv,
+                   int hd, float* out, int ldo, float* scores) {
     int i = 0;
     while (i < n) {
         int m = 1;
@@ -298,14 +298,14 @@ static void attend(const float* q, int ldq, int n, const int* lo, const int* hi,
         const float* qi = q + (size_t)i * ldq;
         float* oi = out + (size_t)i * ldo;
         switch (m) {
-            case 8: attend_group<8, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 7: attend_group<7, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 6: attend_group<6, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 5: attend_group<5, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 4: attend_group<4, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 3: attend_group<3, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            case 2: attend_group<2, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1); break;
-            default: attend_group<1, KV>(qi, ldq, hi + i, KT, ldk, Vv, lo[i], H, hd, oi, ldo, scores, h0, h1);
+            case 8: attend_group<8, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores); break;
+            case 7: attend_group<7, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores); break;
+            case 6: attend_group<6, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores); break;
+            case 5: attend_group<5, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores); break;
+            case 4: attend_group<4, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores); break;
+            case 3: attend_group<3, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores); break;
+            case 2: attend_group<2, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores); break;
+            default: attend_group<1, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores);
         }
         i += m;
     }
@@ -334,7 +334,8 @@ static float* scores_buffer(const Engine* E) {  // one per thread: 8 queries' sc
 }
 
 // Attention of the n queries (rows of q, stride ldq) of each of m images over that image's keys
-// KT (d, keys) and values V (keys, d), one image and head per work item of the team. local: the
+// and values, per head: keys (H, keys / 32, hd, 32) and values (H, keys, hd) an image (see
+// attend_group), one image and head per work item of the team. local: the
 // decoder's self-attention, where query p reads keys from the start of the previous attention
 // block to p, from the KV ring (see Engine); otherwise every key (cross-attention to the encoder).
 template <typename KV>
@@ -351,8 +352,9 @@ static void attention(const Engine* E, int m, const int* imgs, int n, const int*
             lo[j] = local ? l % (3 * L) : 0;
             hi[j] = local ? lo[j] + (p - l) : n_keys - 1;
         }
-        attend(q + (size_t)i * n * ldq, ldq, n, lo, hi, KT + (size_t)b * n_keys * d, n_keys,
-               Vv + (size_t)b * n_keys * d, H, d / H, out + (size_t)i * n * d, d, scores, h, h + 1);
+        const size_t head = ((size_t)b * H + h) * n_keys * (d / H);
+        attend(q + (size_t)i * n * ldq + h * (d / H), ldq, n, lo, hi, KT + head, Vv + head, d / H,
+               out + (size_t)i * n * d + h * (d / H), d, scores);
     }
 }
 
@@ -366,15 +368,18 @@ static void attention(const Engine* E, int m, const int* imgs, int n, const int*
 // layer li's caches. Team call.
 template <typename KV>
 static void write_kv(const Engine* E, int li, int m, const int* imgs, int n, const int* pos0, const float* qkv) {
-    const int d = E->d, CL = E->cache_len;
+    const int d = E->d, CL = E->cache_len, hd = d / E->H;
     #pragma omp for schedule(static)
     for (int r = 0; r < m * n; r++) {
         int i = r / n, b = imgs[i], slot = (pos0[i] + r % n) % (3 * E->L);
-        KV* Kc = (KV*)E->k_cache[li] + (size_t)b * CL * d;
-        KV* Vc = (KV*)E->v_cache[li] + (size_t)b * CL * d;
         const float *k = qkv + (size_t)r * 3 * d + d, *v = k + d;
         for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L)  // slots < L also at +3L
-            for (int c = 0; c < d; c++) { put(Kc + (size_t)c * CL + copy, k[c]); put(Vc + (size_t)copy * d + c, v[c]); }
+            for (int h = 0; h < E->H; h++) {
+                const size_t head = ((size_t)b * E->H + h) * CL * hd;
+                KV* Kt = (KV*)E->k_cache[li] + head + (size_t)(copy & ~31) * hd + (copy & 31);
+                KV* Vr = (KV*)E->v_cache[li] + head + (size_t)copy * hd;
+                for (int e = 0; e < hd; e++) { put(Kt + e * 32, k[h * hd + e]); put(Vr + e, v[h * hd + e]); }
+            }
     }
 }
 

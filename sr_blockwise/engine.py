@@ -137,8 +137,8 @@ def supports(model: ImageTransformerSR) -> str | None:
         return "the native engine runs head1='base' models (p1 = the base logits)"
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 16 or cfg.d_model % 16:
         return "the native engine needs a head dimension that is a multiple of 16"
-    if cfg.block_len <= MAX_TOKENS:
-        return f"the native engine needs attention blocks longer than {MAX_TOKENS} tokens"
+    if cfg.block_len <= MAX_TOKENS or cfg.block_len % 8:
+        return f"the native engine needs attention blocks longer than {MAX_TOKENS} tokens, a multiple of 8 (keys in tiles of 32)"
     if cfg.d_ff % 16 or cfg.head_ff % 16:
         return "the native engine needs widths that are multiples of 16"
     return None
@@ -248,7 +248,7 @@ class Batch:
         B = src.shape[0]
         self.weights, self.B, self.k = weights, B, k
         d = cfg.d_model
-        cache_len = 4 * cfg.block_len + 64  # the ring (engine.cpp) and the reads past a window's end
+        cache_len = 4 * cfg.block_len + 64  # the ring (engine.cpp) and the reads past a window's end; tiles of 32
         with torch.no_grad():
             pos = torch.arange(SEQ_LEN)
             pe = model.row_emb(model.tgt_r) + model.col_emb(model.tgt_c) + model.ch_emb(model.tgt_ch)
@@ -260,10 +260,13 @@ class Batch:
             enc = model.encode(src)
             kv = model.cross_kv(enc)
             kv_dtype = torch.bfloat16 if weights.bf16 else torch.float32
-            self.enc_k = [_f32(k_.transpose(1, 2)).to(kv_dtype).contiguous() for k_, _ in kv]
-            self.enc_v = [_f32(v_).to(kv_dtype).contiguous() for _, v_ in kv]
-        self.k_cache = [torch.zeros(B, d, cache_len, dtype=kv_dtype) for _ in range(cfg.n_dec_layers)]  # transposed
-        self.v_cache = [torch.zeros(B, cache_len, d, dtype=kv_dtype) for _ in range(cfg.n_dec_layers)]
+            H, hd = cfg.n_heads, d // cfg.n_heads
+            # per head, keys in tiles of 32 (engine.cpp's attend_group): (B, H, keys / 32, hd, 32)
+            self.enc_k = [_f32(k_).reshape(B, SRC_LEN // 32, 32, H, hd).permute(0, 3, 1, 4, 2).to(kv_dtype).contiguous()
+                          for k_, _ in kv]
+            self.enc_v = [_f32(v_).reshape(B, SRC_LEN, H, hd).transpose(1, 2).to(kv_dtype).contiguous() for _, v_ in kv]
+        self.k_cache = [torch.zeros(B, H, cache_len // 32, hd, 32, dtype=kv_dtype) for _ in range(cfg.n_dec_layers)]
+        self.v_cache = [torch.zeros(B, H, cache_len, hd, dtype=kv_dtype) for _ in range(cfg.n_dec_layers)]
         e = _Engine.from_buffer_copy(weights.struct)
         self._ptr_arrays = [(ctypes.c_void_p * len(xs))(*[x.data_ptr() for x in xs])
                             for xs in (self.k_cache, self.v_cache, self.enc_k, self.enc_v)]
