@@ -144,8 +144,10 @@ def test_faces_of_says_what_it_found(astronaut):
         (c,), note = F.faces_of(Image.fromarray(small))
         assert c.how == "as is" and note == f"a {side}x{side} image: used as it is"
         assert np.array_equal(c.lr if side == 8 else c.crop, small)
-    pair = Image.fromarray(np.concatenate([np.asarray(astronaut), np.asarray(astronaut.resize((256, 256)))[:, :, :]
-                                           .repeat(2, 0).repeat(2, 1)[:512]], 1))
+    # the astronaut beside herself at 0.6 of her size (mirrored out to the photo's height): two
+    # faces of clearly different sizes, so "largest first" is a real order
+    smaller = np.pad(np.asarray(astronaut.resize((307, 307), Image.Resampling.BOX)), ((0, 205), (0, 0), (0, 0)), mode="symmetric")
+    pair = Image.fromarray(np.concatenate([np.asarray(astronaut), smaller], 1))
     both, note = F.faces_of(pair, "all")
     assert len(both) == 2 and note == "2 faces found"
     assert both[0].size >= both[1].size  # largest first
