@@ -6,7 +6,7 @@
   photos) and CelebA test-partition faces pasted at the given sides;
 - crowd(w, h, sides): the same background with CelebA test-partition faces pasted at each side in
   `sides` (the paper's 138x138 crop of each photo, so the face is about 0.6 of the side), on a
-  grid: the faces a few pixels wide that 8x8 -> 32x32 is for.
+  grid: the faces a few pixels wide that 8x8 -> 32x32 is for (`skip` picks other photos).
 
 Each returns the photo and the pasted faces' boxes (left, top, right, bottom) of the paper's crop."""
 import numpy as np
@@ -51,7 +51,7 @@ def scene(w: int, h: int, sides=(120, 200, 320)) -> tuple[Image.Image, list[tupl
     return canvas, boxes
 
 
-def crowd(w: int, h: int, sides) -> tuple[Image.Image, list[tuple]]:
+def crowd(w: int, h: int, sides, skip: int = 3) -> tuple[Image.Image, list[tuple]]:
     canvas = background(w, h)
     cols = int(np.ceil(np.sqrt(len(sides) * w / h)))
     rows = int(np.ceil(len(sides) / cols))
@@ -61,4 +61,4 @@ def crowd(w: int, h: int, sides) -> tuple[Image.Image, list[tuple]]:
         cx, cy = (i % cols + 0.5) * w / cols, (i // cols + 0.5) * h / rows
         jx, jy = rng.uniform(-0.2, 0.2, 2) * (w / cols, h / rows)
         places.append((int(cx + jx - side / 2), int(cy + jy - side / 2)))
-    return canvas, paste_faces(canvas, celeba_test_photos(len(sides), skip=3), sides, places)
+    return canvas, paste_faces(canvas, celeba_test_photos(len(sides), skip), sides, places)

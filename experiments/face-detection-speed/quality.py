@@ -1,12 +1,13 @@
 """Does the faster detection find the same faces? Crowd-like photos with many held-out CelebA faces
 pasted small (photos.crowd) and the timing photos (photos.scene), detected before (facenet-pytorch's
-MTCNN.detect on the copy, as sr_blockwise.faces ran it) and now (sr_blockwise.faces.detect), and
-now with a coarser pyramid (--factors). A pasted face counts as found where a detected box's
+MTCNN.detect on the copy, as sr_blockwise.faces ran it) and now (sr_blockwise.faces.detect), now
+with a coarser pyramid (--factors), and now with R-Net's and O-Net's crops made by PIL (uint8,
+box filter: faster to make; --pil-crops). A pasted face counts as found where a detected box's
 centre lies in the middle half of the pasted square (the paper's crop: the face is about 0.6 of
 its side); a detection that is no pasted face (nor the astronaut) is a false positive. For faces
 both find: the largest landmark distance between the two, as a fraction of the face box's side.
 
-    PYTHONPATH=. python experiments/face-detection-speed/quality.py --factors 0.709 0.6
+    PYTHONPATH=. python experiments/face-detection-speed/quality.py --factors 0.709 0.6 --pil-crops
 """
 import argparse
 
@@ -16,10 +17,12 @@ from facenet_pytorch import MTCNN
 from PIL import Image
 
 from photos import crowd, scene
+from pil_crops import pil_crops
 from sr_blockwise import faces as F
 
 p = argparse.ArgumentParser()
 p.add_argument("--factors", type=float, nargs="*", default=[F.PYRAMID_FACTOR])
+p.add_argument("--pil-crops", action="store_true")
 args = p.parse_args()
 torch.set_num_threads(1)
 before_mtcnn = MTCNN(keep_all=True, device="cpu", min_face_size=F.MIN_FACE, select_largest=True)
@@ -46,6 +49,14 @@ def now(img: Image.Image, factor: float):
         F.PYRAMID_FACTOR = default_factor
 
 
+def now_pil_crops(img: Image.Image):
+    torch_crops, F.square_crops = F.square_crops, pil_crops
+    try:
+        return F.detect(img)
+    finally:
+        F.square_crops = torch_crops
+
+
 def match(found, squares):
     """For each pasted square, the index of the detection whose centre lies in its middle half, or None."""
     out = []
@@ -62,10 +73,12 @@ photos = [
     ("crowd 1600x1200, squares 16-64 px", *crowd(1600, 1200, [int(v) for v in np.linspace(16, 64, 49).round()])),
     ("crowd 4000x3000, squares 40-160 px", *crowd(4000, 3000, [int(v) for v in np.linspace(40, 160, 49).round()])),
     ("crowd 8000x6000, squares 80-320 px", *crowd(8000, 6000, [int(v) for v in np.linspace(80, 320, 49).round()])),
+    ("crowd 1600x1200, squares 16-40 px", *crowd(1600, 1200, [int(v) for v in np.linspace(16, 40, 49).round()], skip=4)),
+    ("crowd 4000x3000, squares 40-100 px", *crowd(4000, 3000, [int(v) for v in np.linspace(40, 100, 49).round()], skip=5)),
     ("scene 4000x3000", *scene(4000, 3000)),
     ("scene 2000x1500 (48 MP as opened)", *scene(2000, 1500, sides=(60, 100, 160))),
 ]
-variants = ["before"] + [f"now, factor {f}" for f in args.factors]
+variants = ["before"] + [f"now, factor {f}" for f in args.factors] + ["now, PIL crops"] * args.pil_crops
 print("| photo | pasted squares | " + " | ".join(variants) + " | false positives (" + ", ".join(variants) + ") |")
 print("|---|---|" + "---|" * (len(variants) + 1))
 worst = {v: [] for v in variants[1:]}
@@ -79,6 +92,8 @@ for name, photo, squares in photos:
     results = {"before": before(photo)}
     for f, v in zip(args.factors, variants[1:]):
         results[v] = now(photo, f)
+    if args.pil_crops:
+        results["now, PIL crops"] = now_pil_crops(photo)
     matched = {v: match(r, squares) for v, r in results.items()}
     found = {v: sum(m is not None for m in ms) for v, ms in matched.items()}
     false = {v: len(results[v]) - len({m for m in ms if m is not None}) for v, ms in matched.items()}

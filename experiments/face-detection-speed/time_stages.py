@@ -1,13 +1,14 @@
 """Where face detection + alignment spends its time on a 12 MP and a 48 MP photo, stage by stage,
-before (facenet-pytorch's MTCNN.detect on a copy made through numpy, as sr_blockwise.faces ran it)
-and now (sr_blockwise.faces: its own driver of the same three networks). One thread; the two run
+before (facenet-pytorch's MTCNN.detect on a copy made through numpy, and each face warped from the
+whole photo as an array, as sr_blockwise.faces ran it) and now (sr_blockwise.faces: its own driver
+of the same three networks; --factors: at other pyramid steps too). One thread; the paths run
 interleaved, --repeats times each, and the median of each stage is printed.
 
 Photos: photos.scene (real photos as a textured background, the astronaut and three held-out
 CelebA faces), saved as JPEG (quality 90) and opened as the front ends open them (data.open_rgb:
 a photo over 40 MP is decoded at reduced size).
 
-    PYTHONPATH=. python experiments/face-detection-speed/time_stages.py --repeats 5
+    PYTHONPATH=. python experiments/face-detection-speed/time_stages.py --repeats 5 --factors 0.709 0.6
 """
 import argparse
 import tempfile
@@ -25,6 +26,7 @@ from sr_blockwise.data import open_rgb
 p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=5)
 p.add_argument("--threads", type=int, default=1)
+p.add_argument("--factors", type=float, nargs="*", default=[F.PYRAMID_FACTOR], help="pyramid steps to time now")
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 
@@ -77,18 +79,20 @@ def now(img: Image.Image) -> tuple[dict, int, tuple]:
     with torch.inference_mode():
         proposed = F.pnet_stage(work)
         t2 = time.perf_counter()
-        refined = F.rnet_stage(F.photo_tensor(work), proposed)
+        photo = F.photo_tensor(work)
+        refined = F.rnet_stage(photo, proposed)
         t3 = time.perf_counter()
-        F.onet_stage(F.photo_tensor(work), refined)
+        F.onet_stage(photo, refined)
     t4 = time.perf_counter()
-    faces = F.find_faces(img)  # the whole path again, for the warp time (and a check of the count)
+    found = F.detect(img)  # the whole path again, in the photo's pixels, for the warp
     t5 = time.perf_counter()
-    warp = (t5 - t4) - (t4 - t0)
-    t.update({"detection copy": t1 - t0, "P-Net pyramid": t2 - t1, "R-Net": t3 - t2, "O-Net": t4 - t3,
-              "warp": max(warp, 0.0)})
+    faces = [F.make_face(img, F.similarity(m, F.TEMPLATE, F.LANDMARK_WEIGHTS), b, m, s, "detected") for b, s, m in found]
+    t6 = time.perf_counter()
+    t.update({"detection copy": t1 - t0, "P-Net pyramid": t2 - t1, "R-Net": t3 - t2, "O-Net": t4 - t3, "warp": t6 - t5})
     return t, len(faces), (len(proposed), len(refined))
 
 
+default_factor = F.PYRAMID_FACTOR
 stages = ["open (decode)", "detection copy", "P-Net pyramid", "R-Net", "O-Net", "warp"]
 tmp = Path(tempfile.mkdtemp())
 print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {args.repeats}\n")
@@ -101,9 +105,10 @@ for w, h in ((4000, 3000), (8000, 6000)):
     del photo
     F.find_faces(open_rgb(path))  # warm up both paths
     before(open_rgb(path))
-    runs = {"before": [], "now": []}
+    names = ["before"] + [f"now, factor {f}" for f in args.factors]
+    runs = {name: [] for name in names}
     for _ in range(args.repeats):
-        for name in ("before", "now"):
+        for name in names:
             t0 = time.perf_counter()
             img = open_rgb(path)
             t_open = time.perf_counter() - t0
@@ -111,7 +116,9 @@ for w, h in ((4000, 3000), (8000, 6000)):
                 t, n = before(img)
                 extra = ""
             else:
+                F.PYRAMID_FACTOR = float(name.split()[-1])
                 t, n, (np_, nr) = now(img)
+                F.PYRAMID_FACTOR = default_factor
                 extra = f"{np_} / {nr}"
             t["open (decode)"] = t_open
             runs[name].append((t, n, extra))
