@@ -6,8 +6,10 @@ fixed places, some hair and background around). A user's photo is framed any way
 goes through the four steps of the face restoration tools (facexlib's FaceRestoreHelper):
 
 1. detect: MTCNN (facenet-pytorch, whose wheel ships the weights: nothing is downloaded) gives a
-   box and five landmarks (eyes, nose, mouth corners) per face; a large photo is detected on a
-   reduced copy;
+   box and five landmarks (eyes, nose, mouth corners) per face; its three stages are driven
+   here (the pyramid resized by PIL, the networks in channels-last memory: about twice as fast
+   as facenet-pytorch's own detect; experiments/face-detection-speed/); a large photo is
+   detected on a reduced copy;
 2. align: the similarity transform (rotation, scale, shift) that puts the landmarks where they
    sit on average in the training crops (TEMPLATE, measured by experiments/face-alignment/
    template.py) gives the face's 32x32 crop; where the crop leaves the photo, its pixels are
