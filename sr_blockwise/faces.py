@@ -136,8 +136,8 @@ def in_photo(photo, boxes):
 
 def square_crops(photo, boxes, side: int):
     """Each candidate square's part inside the (3, h, w) photo, area-resized to side x side:
-    (n, 3, side, side) float, unrounded, as facenet-pytorch feeds its R-Net and O-Net (crops
-    rounded to whole intensities, or PIL's box filter, lost some faces of 10-15 px)."""
+    (n, 3, side, side) float, unrounded, as facenet-pytorch feeds its R-Net and O-Net (PIL's
+    faster uint8 crops lost faces of 10-14 px: experiments/face-detection-speed/)."""
     import torch
     from facenet_pytorch.models.utils.detect_face import pad
     from torch.nn.functional import interpolate
@@ -169,6 +169,8 @@ def pnet_stage(work: Image.Image):
         reg, probs = pnet(net_input(photo_tensor(level)[None]))
         boxes, _ = generateBoundingBox(reg, probs[:, 1], scale, THRESHOLDS[0])
         found.append(boxes[nms(boxes[:, :4], boxes[:, 4], 0.5)])
+    if not found:  # a photo too small for P-Net's window at every scale
+        return torch.zeros(0, 5)
     boxes = torch.cat(found)
     boxes = boxes[nms(boxes[:, :4], boxes[:, 4], 0.7)]
     bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
