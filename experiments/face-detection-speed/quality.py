@@ -1,5 +1,5 @@
-"""Does the faster detection find the same faces? Crowd-like photos with many held-out CelebA faces
-pasted small (photos.crowd) and the timing photos (photos.scene), detected before (facenet-pytorch's
+"""Does the faster detection find the same faces? Crowd-like photos with many CelebA test-partition
+faces pasted small (photos.crowd) and the timing photos (photos.scene), detected before (facenet-pytorch's
 MTCNN.detect on the copy, as sr_blockwise.faces ran it) and now (sr_blockwise.faces.detect), now
 with a coarser pyramid (--factors), and now with R-Net's and O-Net's crops made by PIL (uint8,
 box filter: faster to make; --pil-crops). A pasted face counts as found where a detected box's

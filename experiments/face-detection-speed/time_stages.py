@@ -4,8 +4,8 @@ whole photo as an array, as sr_blockwise.faces ran it) and now (sr_blockwise.fac
 of the same three networks; --factors: at other pyramid steps too). One thread; the paths run
 interleaved, --repeats times each, and the median of each stage is printed.
 
-Photos: photos.scene (real photos as a textured background, the astronaut and three held-out
-CelebA faces), saved as JPEG (quality 90) and opened as the front ends open them (data.open_rgb:
+Photos: photos.scene (real photos as a textured background, the astronaut and three CelebA
+test-partition faces), saved as JPEG (quality 90) and opened as the front ends open them (data.open_rgb:
 a photo over 40 MP is decoded at reduced size).
 
     PYTHONPATH=. python experiments/face-detection-speed/time_stages.py --repeats 5 --factors 0.709 0.6
