@@ -6,8 +6,10 @@ fixed places, some hair and background around). A user's photo is framed any way
 goes through the four steps of the face restoration tools (facexlib's FaceRestoreHelper):
 
 1. detect: MTCNN (facenet-pytorch, whose wheel ships the weights: nothing is downloaded) gives a
-   box and five landmarks (eyes, nose, mouth corners) per face; a large photo is detected on a
-   reduced copy;
+   box and five landmarks (eyes, nose, mouth corners) per face; its three stages are driven
+   here (the pyramid resized by PIL, the networks in channels-last memory: about twice as fast
+   as facenet-pytorch's own detect; experiments/face-detection-speed/); a large photo is
+   detected on a reduced copy;
 2. align: the similarity transform (rotation, scale, shift) that puts the landmarks where they
    sit on average in the training crops (TEMPLATE, measured by experiments/face-alignment/
    template.py) gives the face's 32x32 crop; where the crop leaves the photo, its pixels are
@@ -48,6 +50,8 @@ DETECT_MAX_SIDE = 1600  # photos are detected on a copy at most this large (face
 SMALL_SIDE = 320  # smaller photos are detected on a mirrored, enlarged copy
 MIN_FACE = 20  # MTCNN's smallest face (pixels, in the copy it detects on)
 MIN_SCORE = 0.9  # faces MTCNN is less sure of are dropped
+PYRAMID_FACTOR = 0.709  # MTCNN's step between the scales it looks for faces at
+THRESHOLDS = (0.6, 0.7, 0.7)  # the score a candidate needs at MTCNN's P-Net, R-Net and O-Net
 PASTE_SCALE = 4  # the model's factor: 8x8 -> 32x32
 PASTE_MAX_PIXELS = 64_000_000  # a pasted-back photo larger than this is made at a smaller scale
 FEATHER = 3.0  # width of the paste-back mask's soft edge, in pixels of the 32x32 result
@@ -59,14 +63,18 @@ class DetectorMissing(RuntimeError):
 
 @lru_cache(maxsize=1)
 def detector():
-    """facenet-pytorch's MTCNN on the CPU (its weights load from its wheel, as state dicts)."""
-    import torch  # noqa: F401  (facenet_pytorch imports it; named here: this is where torch loads)
+    """facenet-pytorch's MTCNN on the CPU (its weights load from its wheel, as state dicts); its
+    three networks in channels-last memory, the layout the CPU's convolutions run fastest in."""
+    import torch
     try:
         from facenet_pytorch import MTCNN
     except ImportError as e:
         raise DetectorMissing(f"face detection needs facenet-pytorch ({e}); ./setup.sh installs it "
                            "(pip install --no-deps facenet-pytorch==2.6.0)") from None
-    return MTCNN(keep_all=True, device="cpu", min_face_size=MIN_FACE, select_largest=True)
+    mtcnn = MTCNN(keep_all=True, device="cpu", min_face_size=MIN_FACE, select_largest=True).eval()
+    for net in (mtcnn.pnet, mtcnn.rnet, mtcnn.onet):
+        net.to(memory_format=torch.channels_last)
+    return mtcnn
 
 
 @dataclass
@@ -93,32 +101,159 @@ class Face:
 
 # ---------------------------------------------------------------- detection
 
-def detect(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float = MIN_SCORE
-           ) -> list[tuple[np.ndarray, float, np.ndarray]]:
-    """Faces MTCNN finds: [(box (4,), score, landmarks (5, 2))] in the photo's pixels, largest first.
-    A photo larger than max_side is detected on a box-reduced copy. A small photo (a tight face
-    crop, e.g. 25x25) is detected on a copy mirrored outward by a quarter of its size on each side
-    (MTCNN needs some context around a face) and enlarged to SMALL_SIDE."""
-    img = to_rgb(img)
-    a, pad = np.asarray(img), 0
+def pyramid_scales(size: tuple[int, int], min_face: int = MIN_FACE, factor: float | None = None) -> list[float]:
+    """The scales P-Net sees a (width, height) photo at: at the first its 12 px window spans a
+    min_face face, each next is `factor` (PYRAMID_FACTOR) smaller, down to a short side of 12 px
+    (MTCNN's pyramid)."""
+    factor = PYRAMID_FACTOR if factor is None else factor
+    scales, scale = [], 12 / min_face
+    while min(size) * scale >= 12:
+        scales.append(scale)
+        scale *= factor
+    return scales
+
+
+def net_input(pixels):
+    """(n, 3, h, w) pixels (0-255, any dtype) -> MTCNN's input: float in [-1, 1), in channels-last
+    memory (the layout the CPU's convolutions run fastest in)."""
+    import torch
+    return ((pixels.float() - 127.5) * 0.0078125).contiguous(memory_format=torch.channels_last)
+
+
+def photo_tensor(work: Image.Image):
+    """The photo as a (3, h, w) uint8 tensor, for cutting the candidates' crops out of."""
+    import torch
+    return torch.from_numpy(np.array(work)).permute(2, 0, 1)
+
+
+def in_photo(photo, boxes):
+    """The candidate squares with some pixels inside the (3, h, w) photo (a square the regression
+    moved out of it has nothing to crop)."""
+    from facenet_pytorch.models.utils.detect_face import pad
+    y, ey, x, ex = pad(boxes, photo.shape[2], photo.shape[1])
+    return boxes[(ex > x - 1) & (ey > y - 1)]
+
+
+def square_crops(photo, boxes, side: int):
+    """Each candidate square's part inside the (3, h, w) photo, area-resized to side x side:
+    (n, 3, side, side) float, unrounded, as facenet-pytorch feeds its R-Net and O-Net (PIL's
+    faster uint8 crops lost faces of 10-14 px: experiments/face-detection-speed/)."""
+    import torch
+    from facenet_pytorch.models.utils.detect_face import pad
+    from torch.nn.functional import interpolate
+    y, ey, x, ex = pad(boxes, photo.shape[2], photo.shape[1])  # 1-based, clipped to the photo
+    return torch.cat([interpolate(photo[None, :, y[k] - 1:ey[k], x[k] - 1:ex[k]].float(), size=(side, side), mode="area")
+                      for k in range(len(y))])
+
+
+def run_net(net, crops, batch: int = 512):
+    """A network over (n, 3, h, w) crops, `batch` at a time (a crowded photo has thousands)."""
+    import torch
+    outs = [net(net_input(crops[i:i + batch])) for i in range(0, len(crops), batch)]
+    return tuple(torch.cat(o) for o in zip(*outs))
+
+
+def pnet_stage(work: Image.Image):
+    """MTCNN stage 1: P-Net, a 12 px window sliding over each scale of the pyramid (each scale
+    box-resized from the photo by PIL), proposes squares: (n, 5) left, top, right, bottom, score."""
+    import torch
+    from facenet_pytorch.models.utils.detect_face import generateBoundingBox, rerec
+    from torchvision.ops import nms
+    pnet, (w, h), found = detector().pnet, work.size, []
+    source = work
+    for scale in pyramid_scales(work.size):
+        size = (int(w * scale + 1), int(h * scale + 1))
+        while source.width >= 4 * size[0] and source.height >= 4 * size[1]:
+            source = source.reduce(2)  # a box average too: the small scales read a quarter of the pixels
+        level = source.resize(size, Image.Resampling.BOX)
+        reg, probs = pnet(net_input(photo_tensor(level)[None]))
+        boxes, _ = generateBoundingBox(reg, probs[:, 1], scale, THRESHOLDS[0])
+        found.append(boxes[nms(boxes[:, :4], boxes[:, 4], 0.5)])
+    if not found:  # a photo too small for P-Net's window at every scale
+        return torch.zeros(0, 5)
+    boxes = torch.cat(found)
+    boxes = boxes[nms(boxes[:, :4], boxes[:, 4], 0.7)]
+    bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    boxes = torch.stack([boxes[:, 0] + boxes[:, 5] * bw, boxes[:, 1] + boxes[:, 6] * bh,
+                         boxes[:, 2] + boxes[:, 7] * bw, boxes[:, 3] + boxes[:, 8] * bh, boxes[:, 4]], 1)
+    return rerec(boxes)
+
+
+def rnet_stage(photo, boxes):
+    """MTCNN stage 2: R-Net scores each proposed square (a 24x24 crop of the (3, h, w) photo)
+    and refines it."""
+    import torch
+    from facenet_pytorch.models.utils.detect_face import bbreg, rerec
+    from torchvision.ops import nms
+    boxes = in_photo(photo, boxes)
+    if not len(boxes):
+        return boxes
+    reg, probs = run_net(detector().rnet, square_crops(photo, boxes, 24))
+    keep = probs[:, 1] > THRESHOLDS[1]
+    boxes, reg = torch.cat([boxes[keep, :4], probs[keep, 1:]], 1), reg[keep]
+    pick = nms(boxes[:, :4], boxes[:, 4], 0.7)
+    return rerec(bbreg(boxes[pick], reg[pick]))
+
+
+def onet_stage(photo, boxes):
+    """MTCNN stage 3: O-Net scores each refined square (a 48x48 crop of the (3, h, w) photo),
+    places it and its five landmarks: ((n, 5) boxes with scores, (n, 5, 2) landmarks) in the
+    photo's pixels."""
+    import torch
+    from facenet_pytorch.models.utils.detect_face import batched_nms_numpy, bbreg
+    boxes = in_photo(photo, boxes)
+    if not len(boxes):
+        return boxes, torch.zeros(0, 5, 2)
+    reg, marks, probs = run_net(detector().onet, square_crops(photo, boxes, 48))
+    keep = probs[:, 1] > THRESHOLDS[2]
+    boxes, reg, marks = torch.cat([boxes[keep, :4], probs[keep, 1:]], 1), reg[keep], marks[keep]
+    bw, bh = boxes[:, 2:3] - boxes[:, 0:1] + 1, boxes[:, 3:4] - boxes[:, 1:2] + 1
+    points = torch.stack([bw * marks[:, :5] + boxes[:, 0:1] - 1, bh * marks[:, 5:] + boxes[:, 1:2] - 1], -1)
+    boxes = bbreg(boxes, reg)
+    pick = batched_nms_numpy(boxes[:, :4], boxes[:, 4], torch.zeros(len(boxes)), 0.7, "Min")
+    return boxes[pick], points[pick]
+
+
+def mtcnn(work: Image.Image):
+    """MTCNN's three stages on a photo (facenet-pytorch's networks and steps; the pyramid resized
+    by PIL, the networks in channels-last memory): ((n, 5) boxes with scores,
+    (n, 5, 2) landmarks) as numpy, in the photo's pixels."""
+    import torch
+    with torch.inference_mode():
+        photo = photo_tensor(work)
+        boxes = rnet_stage(photo, pnet_stage(work))
+        boxes, points = onet_stage(photo, boxes)
+    return boxes.numpy().astype(float), points.numpy().astype(float)
+
+
+def detect_copy(img: Image.Image, max_side: int = DETECT_MAX_SIDE) -> tuple[Image.Image, int]:
+    """The copy of a photo MTCNN runs on and the padding added to each side: a photo larger than
+    max_side box-reduced to it; a small one (a tight face crop, e.g. 25x25) mirrored outward by a
+    quarter of its size on each side (MTCNN needs some context around a face) and enlarged to
+    SMALL_SIDE."""
+    work, pad = img, 0
     if max(img.size) < SMALL_SIDE:
         pad = max(img.size) // 4
-        a = np.pad(a, ((pad, pad), (pad, pad), (0, 0)), mode="symmetric")
-    scale = min(max_side, max(SMALL_SIDE, max(a.shape[:2]))) / max(a.shape[:2])
-    work = Image.fromarray(a)
+        work = Image.fromarray(np.pad(np.asarray(img), ((pad, pad), (pad, pad), (0, 0)), mode="symmetric"))
+    scale = min(max_side, max(SMALL_SIDE, max(work.size))) / max(work.size)
     if scale != 1:
         work = work.resize((max(1, round(work.width * scale)), max(1, round(work.height * scale))),
                            Image.Resampling.BOX if scale < 1 else Image.Resampling.BICUBIC)
+    return work, pad
+
+
+def detect(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float = MIN_SCORE
+           ) -> list[tuple[np.ndarray, float, np.ndarray]]:
+    """Faces MTCNN finds: [(box (4,), score, landmarks (5, 2))] in the photo's pixels, largest
+    first, on the copy detect_copy makes."""
+    img = to_rgb(img)
+    work, pad = detect_copy(img, max_side)
     if min(work.size) < MIN_FACE:
         return []
-    import torch
-    with torch.inference_mode():
-        boxes, scores, marks = detector().detect(work, landmarks=True)
-    if boxes is None:
-        return []
-    sx, sy = a.shape[1] / work.width, a.shape[0] / work.height  # exact, whatever the rounding
-    found = [(np.asarray(b, float) * [sx, sy, sx, sy] - pad, float(s), np.asarray(m, float) * [sx, sy] - pad)
-             for b, s, m in zip(boxes, scores, marks) if s >= min_score]
+    boxes, marks = mtcnn(work)
+    sx, sy = (img.width + 2 * pad) / work.width, (img.height + 2 * pad) / work.height  # exact, whatever the rounding
+    found = [(b[:4] * [sx, sy, sx, sy] - pad, float(b[4]), m * [sx, sy] - pad)
+             for b, m in zip(boxes, marks) if b[4] >= min_score]
     return sorted(found, key=lambda f: -(f[0][2] - f[0][0]) * (f[0][3] - f[0][1]))
 
 
@@ -184,8 +319,8 @@ def warp_crop(img: Image.Image | np.ndarray, matrix: np.ndarray, size: int = 32)
     so a large face is area-resampled as the training crops were; points outside the photo take
     the mirrored pixel inside it."""
     from skimage.transform import warp
-    a = np.asarray(to_rgb(img) if isinstance(img, Image.Image) else img)
-    h, w = a.shape[:2]
+    a = to_rgb(img) if isinstance(img, Image.Image) else np.asarray(img)
+    w, h = a.size if isinstance(a, Image.Image) else (a.shape[1], a.shape[0])
     inv = np.linalg.inv(matrix)
     m = int(min(8, max(1, round(math.hypot(inv[0, 0], inv[1, 0]) * 32 / size))))  # photo px per crop px
     n = size * m
@@ -197,7 +332,8 @@ def warp_crop(img: Image.Image | np.ndarray, matrix: np.ndarray, size: int = 32)
     y0 = int(max(0, min(lo[1], 2 * h - hi[1]))); y1 = int(min(h, max(hi[1], -lo[1])))
     if x1 <= x0 or y1 <= y0:  # the crop lies wholly outside the photo: mirror the whole photo
         x0, y0, x1, y1 = 0, 0, w, h
-    part = a[y0:y1, x0:x1]
+    # a photo's part is copied out of it alone (a 12 MP photo whole as an array takes longer than the warp)
+    part = np.asarray(a.crop((x0, y0, x1, y1))) if isinstance(a, Image.Image) else a[y0:y1, x0:x1]
     # sample grid (n x n, pixel centres) -> crop point -> photo point -> index in `part`
     to_part = np.array([[1, 0, -x0 - 0.5], [0, 1, -y0 - 0.5], [0, 0, 1]]) @ inv @ \
         np.array([[1 / m, 0, 0.5 / m], [0, 1 / m, 0.5 / m], [0, 0, 1]])

@@ -56,6 +56,35 @@ def test_detects_the_astronaut_with_landmarks(astronaut):
     assert F.detect(Image.new("RGB", (5, 3), "white")) == []
 
 
+def test_small_faces_of_a_large_photo_found_as_facenet_pytorch_finds_them(celeba_photos):
+    """faces.detect drives MTCNN's networks itself (PIL's pyramid, channels-last networks): on a
+    12 MP photo with faces 20-50 px wide in the 1600 px copy it finds every face, and nothing else,
+    where facenet-pytorch's own MTCNN.detect finds them, with the same boxes and landmarks."""
+    from facenet_pytorch import MTCNN
+    photo = Image.fromarray(skimage.data.coffee()).resize((4000, 3000), Image.Resampling.BICUBIC)  # texture everywhere
+    squares = []
+    for i, side in enumerate((80, 100, 120, 140, 170, 200)):  # the paper's crop: the face is ~0.6 of it
+        x, y = 300 + i * 600, 400 + (i % 2) * 1500
+        photo.paste(celeba_photos[i % 3].crop(CELEBA_BOX).resize((side, side), Image.Resampling.BOX), (x, y))
+        squares.append((x + side / 2, y + side / 2, side))
+    found = F.detect(photo)
+    assert len(found) == len(squares)
+    for cx, cy, side in squares:
+        (box, score, marks), = [f for f in found if abs((f[0][0] + f[0][2]) / 2 - cx) < side / 4
+                                and abs((f[0][1] + f[0][3]) / 2 - cy) < side / 4]
+        assert score >= F.MIN_SCORE and all(box[0] <= x <= box[2] and box[1] <= y <= box[3] for x, y in marks)
+    # facenet-pytorch's own detection on the same copy: the same faces, boxes and landmarks
+    work, _ = F.detect_copy(photo)
+    ref_boxes, ref_scores, ref_marks = MTCNN(keep_all=True, device="cpu", min_face_size=F.MIN_FACE).detect(work, landmarks=True)
+    k = photo.width / work.width
+    ref = [(b * k, m * k) for b, s, m in zip(ref_boxes, ref_scores, ref_marks) if s >= F.MIN_SCORE]
+    assert len(ref) == len(found)
+    for box, _, marks in found:
+        side = box[2] - box[0]
+        ref_box, ref_mark = min(ref, key=lambda r: np.abs(r[0] - box).max())
+        assert np.abs(ref_box - box).max() < 0.1 * side and np.abs(ref_mark - marks).max() < 0.1 * side
+
+
 def test_aligned_crop_puts_the_landmarks_on_the_template_and_back(astronaut):
     """Warp the face onto the template (drawn 4x larger, 128x128), detect it there, and map those
     landmarks back with the inverse transform: they land where they were in the photo."""
@@ -110,6 +139,12 @@ def test_reflected_borders_and_area_resampling():
     assert np.abs(crop.astype(int) - 128).max() <= 1
     img = np.arange(32 * 32 * 3, dtype=np.uint8).reshape(32, 32, 3)
     assert (F.warp_crop(img, np.eye(3)) == img).all()  # the identity is exact
+    # a photo (PIL) is read only where the crop reads; the same crop as from the whole array,
+    # mirrored edges included
+    photo = Image.fromarray(skimage.data.astronaut())
+    for box in ((-20, -10, 60, 70), (200, 80, 300, 180), (480, 400, 530, 450)):
+        m = F.box_matrix(box)
+        assert (F.warp_crop(photo, m) == F.warp_crop(np.asarray(photo), m)).all()
     shifted = F.warp_crop(img, np.array([[1, 0, 4.0], [0, 1, 0], [0, 0, 1]]))  # 4 px past the left edge
     assert (shifted[:, 4:] == img[:, :28]).all()
     assert (shifted[:, :4] == img[:, 3::-1]).all()  # mirrored, as np.pad's "symmetric"
@@ -144,8 +179,10 @@ def test_faces_of_says_what_it_found(astronaut):
         (c,), note = F.faces_of(Image.fromarray(small))
         assert c.how == "as is" and note == f"a {side}x{side} image: used as it is"
         assert np.array_equal(c.lr if side == 8 else c.crop, small)
-    pair = Image.fromarray(np.concatenate([np.asarray(astronaut), np.asarray(astronaut.resize((256, 256)))[:, :, :]
-                                           .repeat(2, 0).repeat(2, 1)[:512]], 1))
+    # the astronaut beside herself at 0.6 of her size (mirrored out to the photo's height): two
+    # faces of clearly different sizes, so "largest first" is a real order
+    smaller = np.pad(np.asarray(astronaut.resize((307, 307), Image.Resampling.BOX)), ((0, 205), (0, 0), (0, 0)), mode="symmetric")
+    pair = Image.fromarray(np.concatenate([np.asarray(astronaut), smaller], 1))
     both, note = F.faces_of(pair, "all")
     assert len(both) == 2 and note == "2 faces found"
     assert both[0].size >= both[1].size  # largest first

@@ -8,7 +8,7 @@ LBP cascade (a simpler detector, no landmarks), on photos whose answer is known.
   error of a framing is the mean distance of its crop's four corners from the ideal crop's, in
   pixels of the 32x32 crop. The cascade's framing: its box grown 1.5x into a square.
 
-    PYTHONPATH=. python experiments/face-alignment/detectors.py --lfw 50 --reframed 24
+    PYTHONPATH=. python experiments/face-alignment/detectors.py --lfw 50 --reframed 24 [--factor 0.6]
 """
 import argparse
 import math
@@ -25,7 +25,9 @@ from sr_blockwise.data import DEFAULT_DATA, open_rgb, part_mask
 p = argparse.ArgumentParser()
 p.add_argument("--lfw", type=int, default=50)
 p.add_argument("--reframed", type=int, default=24)
+p.add_argument("--factor", type=float, default=F.PYRAMID_FACTOR, help="MTCNN's pyramid step (faces.PYRAMID_FACTOR)")
 args = p.parse_args()
+F.PYRAMID_FACTOR = args.factor
 rng = np.random.default_rng(0)
 def lbp(img: Image.Image):
     """The largest LBP cascade box as (left, top, side), in the photo's pixels, or None."""
