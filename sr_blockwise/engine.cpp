@@ -156,7 +156,7 @@ template <typename WT>
 static void linear_t(const float* x, int ldx, int n, const WT* W, size_t panel, const float* b, float* y,
                      int ldy, int K, int N) {
     const int cw = n <= 4 ? 64 : 32, nw = N / cw, nb = nw + (N % cw) / 16;
-    #pragma omp for schedule(static)
+    #pragma omp for schedule(static) nowait
     for (int blk = 0; blk < nb; blk++) {
         int j0 = blk < nw ? cw * blk : cw * nw + 16 * (blk - nw);
         const WT* Wj = W + (j0 / 16) * panel;
@@ -167,10 +167,15 @@ static void linear_t(const float* x, int ldx, int n, const WT* W, size_t panel, 
         else lin_block<8, 2>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
     }
 }
-static void linear(const float* x, int ldx, int n, Mat W, const float* b, float* y, int ldy, int K, int N) {
+// the team's share of y's columns, without waiting for the rest of the team
+static void linear_nowait(const float* x, int ldx, int n, Mat W, const float* b, float* y, int ldy, int K, int N) {
     const size_t panel = (size_t)W.rows * 16;
     if (W.bf16) linear_t(x, ldx, n, (const uint16_t*)W.p, panel, b, y, ldy, K, N);
     else linear_t(x, ldx, n, (const float*)W.p, panel, b, y, ldy, K, N);
+}
+static void linear(const float* x, int ldx, int n, Mat W, const float* b, float* y, int ldy, int K, int N) {
+    linear_nowait(x, ldx, n, W, b, y, ldy, K, N);
+    #pragma omp barrier
 }
 
 static void layer_norm(const float* x, const float* w, const float* b, float* y, int d) {
@@ -314,19 +319,18 @@ static void attend(const float* q, int ldq, int n, const int* lo, const int* hi,
 // ---------------------------------------------------------------- the decoder step
 
 // The workspace: rows of every image of the batch, image-major (row = image index * n + token).
-struct Work { float *x, *xn, *qkv, *att, *hid, *h, *z, *pre, *hz, *hn, *hl; };
+struct Work { float *x, *xn, *qkv, *att, *hid, *h, *z, *pre; };
 static Work work_of(const Engine* E) {
     const size_t R = (size_t)E->B * MAXK, d = E->d;
     float* p = E->work;
     Work w;
     w.x = p; p += R * d; w.xn = p; p += R * d; w.qkv = p; p += R * 3 * d; w.att = p; p += R * d;
     w.hid = p; p += R * E->ff; w.h = p; p += R * d; w.z = p; p += R * V;
-    w.pre = p; p += (size_t)E->B * MAXK * E->f; w.hz = p; p += (size_t)E->B * d; w.hn = p; p += (size_t)E->B * d;
-    w.hl = p;
+    w.pre = p;
     return w;
 }
 extern "C" size_t engine_work_floats(int B, int d, int ff, int f) {
-    return (size_t)B * MAXK * (7 * d + ff + V + f) + (size_t)B * (3 * d + V);
+    return (size_t)B * MAXK * (7 * d + ff + V + f);
 }
 
 static float* scores_buffer(const Engine* E) {  // one per thread: 8 queries' scores
@@ -506,31 +510,38 @@ static int window_centre(const float* lg, int window) {  // argmax over v of P(|
 }
 
 // Blocks of k proposals for m entries: entry i's state hs (i, d) of image imgs[i] predicts
-// position pos[i], its sure token props[i][0] is set already; heads 2..k add theirs one head at a
-// time for every entry at once (with nbr_draft a head's prior reads the proposals before it).
-// toks[i]: the image's decoded tokens, read before pos[i] only. Team call.
+// position pos[i], its sure token props[i][0] is set already; heads 2..k's logits come for every
+// entry at once, then each entry's proposals in head order (with nbr_draft a head's prior reads
+// the proposals before it). toks[i]: the image's decoded tokens, read before pos[i] only. Uses
+// w.pre, w.x, w.xn and w.z. Team call.
 static void draft(const Engine* E, int m, const int* imgs, const float* hs, const int* pos, int k,
                   int64_t* const* toks, int64_t* const* props, int window, const Work& w) {
     const int d = E->d, f = E->f, G = E->G;
     const int kh = k < G + 1 ? k : G + 1;  // a block longer than the model's heads keeps the rest as is
     if (kh == 1) return;
-    const int P = (kh - 1) * f;
+    const int nh = kh - 1, P = nh * f;
     linear(hs, d, m, E->heads_up_w, E->heads_up_b, w.pre, P, d, P);
     #pragma omp for schedule(static)
     for (int i = 0; i < m; i++) gelu(w.pre + (size_t)i * P, P);
-    for (int g = 0; g < kh - 1; g++) {
-        // group g reads hidden chunks 0..g (the nested matrix), plus the residual
-        linear(w.pre, P, m, E->heads_down_w.at(g * d), E->heads_down_b + g * d, w.hz, d, (g + 1) * f, d);
-        #pragma omp for schedule(static)
-        for (int i = 0; i < m; i++) {
-            for (int c = 0; c < d; c++) w.hz[(size_t)i * d + c] += hs[(size_t)i * d + c];
-            layer_norm(w.hz + (size_t)i * d, E->heads_ln_w + g * d, E->heads_ln_b + g * d, w.hn + (size_t)i * d, d);
-        }
-        p1_logits(E, m, imgs, 1, pos, w.hn, w.hl, g + 1);  // the head's target: pos + g + 1
-        #pragma omp for schedule(static)
-        for (int i = 0; i < m; i++) {
-            float* lg = w.hl + (size_t)i * V;
-            int64_t* pr = props[i];
+    // every head's state at once (row i * nh + g: entry i, head g), in w.x and then w.xn: head g
+    // reads hidden chunks 0..g (the nested matrix), plus the residual; the heads' products share
+    // out the team with one barrier after the last, and p1's logits are one product for them all
+    for (int g = 0; g < nh; g++)
+        linear_nowait(w.pre, P, m, E->heads_down_w.at(g * d), E->heads_down_b + g * d, w.x + (size_t)g * d, nh * d,
+                      (g + 1) * f, d);
+    #pragma omp barrier
+    #pragma omp for schedule(static)
+    for (int r = 0; r < m * nh; r++) {
+        const int i = r / nh, g = r % nh;
+        for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] += hs[(size_t)i * d + c];
+        layer_norm(w.x + (size_t)r * d, E->heads_ln_w + g * d, E->heads_ln_b + g * d, w.xn + (size_t)r * d, d);
+    }
+    p1_logits(E, m, imgs, nh, pos, w.xn, w.z, 1);  // head g's target: pos + g + 1
+    #pragma omp for schedule(static)
+    for (int i = 0; i < m; i++) {
+        int64_t* pr = props[i];
+        for (int g = 0; g < nh; g++) {  // in order: with nbr_draft a head's prior reads the proposals before it
+            float* lg = w.z + ((size_t)i * nh + g) * V;
             if (E->has_nbr_prior) add_nbr_prior(E, g, pos[i] + g + 1, toks[i], pr, lg);
             pr[g + 1] = window > 0 ? window_centre(lg, window) : argmax(lg);
         }
