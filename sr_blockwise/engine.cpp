@@ -178,13 +178,14 @@ static void linear(const float* x, int ldx, int n, Mat W, const float* b, float*
     #pragma omp barrier
 }
 
+// the sums over 16 lanes (i mod 16), then across the lanes in a fixed tree; d % 16 == 0
 static void layer_norm(const float* x, const float* w, const float* b, float* y, int d) {
-    float mean = 0.f, var = 0.f;
-    for (int i = 0; i < d; i++) mean += x[i];
-    mean /= d;
-    for (int i = 0; i < d; i++) { float t = x[i] - mean; var += t * t; }
-    float inv = 1.f / std::sqrt(var / d + 1e-5f);
-    for (int i = 0; i < d; i++) y[i] = (x[i] - mean) * inv * w[i] + b[i];
+    v16 s = splat(0.f), q = splat(0.f);
+    for (int i = 0; i < d; i += 16) s += ld(x + i);
+    const v16 mean = splat(_mm512_reduce_add_ps((__m512)s) / d);
+    for (int i = 0; i < d; i += 16) { v16 t = ld(x + i) - mean; q += t * t; }
+    const v16 inv = splat(1.f / std::sqrt(_mm512_reduce_add_ps((__m512)q) / d + 1e-5f));
+    for (int i = 0; i < d; i += 16) st(y + i, (ld(x + i) - mean) * inv * ld(w + i) + ld(b + i));
 }
 
 // the erf GELU of nn.GELU, with erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7); n % 16 == 0
