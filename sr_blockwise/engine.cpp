@@ -12,9 +12,9 @@
 // bit for bit the same alone (greedy) or inside a k-token verify call, and exact mode equals
 // greedy decoding by construction, in float32.
 //
-// Layouts (row-major, float32 but for the weight matrices: see Mat): a linear layer's weight is
-// stored transposed, in x out, so a tile of rows streams it once; the KV cache is (image,
-// position, d) per layer.
+// Layouts (row-major; float32 but for bfloat16 weight matrices, keys and values: see Mat and
+// Engine): a linear layer's weight is stored transposed, in x out, so a tile of rows streams it
+// once; a layer's keys and values are per image and attention head, keys in tiles of 32.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -111,8 +111,9 @@ static inline void put(uint16_t* p, float x) {
 // y[r, 0:16*NC] = b + x[r, 0:K] @ W[0:K, 0:16*NC] for NR rows (W: NC panels, `panel` elements
 // apart). Each output is accumulated over k in order, one multiply-add at a time, so a row's result
 // does not depend on the rows beside it, on NR or on NC (the tiles only share the weight loads).
-// Bfloat16 weights are widened, not multiplied with the processor's bf16 dot product: on this
-// Zen 5 that instruction ran at 0.6 of the float32 rate (experiments/bf16-dot-products/).
+// Bfloat16 weights are widened, not multiplied with the processor's bf16 dot product: on the
+// machine this was measured on, that instruction did half the float32 multiply-add rate
+// (experiments/bf16-dot-products/).
 template <int NR, int NC, typename WT>
 static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K) {
     v16 acc[NR][NC];
