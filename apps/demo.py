@@ -328,10 +328,11 @@ def register(subparsers) -> None:
     d.add_argument("--max-queue", type=int, default=16, help="waiting requests beyond this are refused")
     d.add_argument("--time-limit", type=float, default=300.0, help="seconds one decode may take")
     d.add_argument("--threads", type=int, default=DECODE_THREADS,
-                   help="torch CPU threads of a sampling decode (0: torch's default). 1 by default: the demo "
-                        "decodes in worker threads, where 2 threads ran several times slower than 1 on a "
-                        "2-core machine (the native engine uses 1 thread there whatever this says)")
+                   help="torch CPU threads of a decode on the PyTorch step (models the native engine does not "
+                        "run; 0: torch's default). 1 by default: the demo decodes in worker threads, where 2 "
+                        "threads ran several times slower than 1 on a 2-core machine (the native engine uses 1 "
+                        "thread there whatever this says)")
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="the weights' dtype: the native engine computes in float32 with them, sampling "
-                        "runs in PyTorch in this dtype")
+                   help="the weights' dtype: the native engine computes in float32 with them, the PyTorch "
+                        "step (models the engine does not run) in this dtype")
     d.set_defaults(func=cmd_demo)

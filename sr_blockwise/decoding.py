@@ -330,14 +330,12 @@ ENGINES = ("auto", "native", "torch")
 
 def engine_for(model: ImageTransformerSR, opts: DecodeOptions, engine: str = "auto") -> str:
     """Which engine decodes: "native" (sr_blockwise/engine.cpp: a whole blockwise step of a
-    batch in one call, float32) wherever it can, else "torch" (the PyTorch step: sampling,
-    head1='layer' models, GPUs, machines without a C++ compiler)."""
+    batch in one call, float32) wherever it can, else "torch" (the PyTorch step: head1='layer'
+    models, GPUs, machines without a C++ compiler)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {ENGINES}")
     why = None
-    if opts.temperature > 0:
-        why = "sampling runs on the torch engine"
-    elif next(model.parameters()).device.type != "cpu":
+    if next(model.parameters()).device.type != "cpu":
         why = "the native engine runs on the CPU"
     elif native.supports(model):
         why = native.supports(model)
@@ -364,7 +362,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     if seeds is not None and len(seeds) != len(lr):
         raise ValueError(f"got {len(seeds)} seeds for {len(lr)} images")
     if engine_for(model, opts, engine) == "native":
-        return _decode_native(model, lr, opts, progress, progress_every, proposer)
+        return _decode_native(model, lr, opts, progress, progress_every, proposer, seeds)
     # the torch engine: start (prefill and the first proposals), then a call per block: verify
     # the proposals, commit what the rule accepts, propose the next block from the last state
     s = _start(model, lr, opts, seeds, proposer)
@@ -505,15 +503,20 @@ def _finish(s: _Batch, progress) -> DecodeResult:
                         seconds, s.n_calls, {"engine": "torch"})
 
 
-def _decode_native(model, lr, opts, progress, progress_every, proposer) -> DecodeResult:
+def _decode_native(model, lr, opts, progress, progress_every, proposer, seeds=None) -> DecodeResult:
     """decode on the native engine: one call per blockwise step of the whole batch; the loop here
-    only notes when images finish and hands proposals to a `proposer` if one is given."""
+    only notes when images finish and hands proposals to a `proposer` if one is given. Sampling
+    reads the same per-image noise tables as the torch engine (_sampling_noise)."""
     t0 = time.perf_counter()
     src = torch.from_numpy(to_tokens(lr)).cpu()
     B, k = len(lr), opts.k
     batch = native.Batch(model, src, k, opts.prior_weight)
     window = opts.eps if opts.propose == "window" and opts.eps > 0 else 0
-    copts = batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window)
+    if opts.temperature > 0:
+        batch.sample_with(_sampling_noise(B, opts, "cpu", seeds, speculative=k > 1))
+        copts = batch.options("sample", temperature=opts.temperature)
+    else:
+        copts = batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window)
     rows = torch.arange(B, dtype=torch.int64)
     batch.start(copts, rows)
     if proposer is not None and k > 1:

@@ -89,6 +89,11 @@ struct Engine {
     float prior_weight;
     float* work;  // workspace for B * MAXK rows (engine.py sizes it: work_floats)
     int threads;  // OpenMP threads a call runs on
+    // sampling: Gumbel noise for each position's sure token (B, S, 256); speculative sampling
+    // also the acceptance uniforms (B, S), the drafts' Gumbel noise (B, S, 256), and the logits
+    // each image's current drafts were drawn from (B, MAXK - 1, 256)
+    const float *noise_first, *noise_accept, *noise_draft;
+    float* qlog;
 };
 
 // ---------------------------------------------------------------- kernels
@@ -442,6 +447,18 @@ static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* 
 
 // ---------------------------------------------------------------- logits and the heads
 
+// How a call accepts proposals. SAMPLE: sampling at `temperature`, k = 1 plain (p1's Gumbel-max
+// sample, one token a call), k > 1 speculative (heads' sampled drafts kept with probability
+// min(1, p/q), a rejected one's position drawn from max(0, p - q)): decoding.py's rule, on its
+// noise tables (Engine.noise_*), so an image's sample depends on its seed only.
+enum Rule { EXACT = 0, EPS = 1, TOPK = 2, ORACLE = 3, SAMPLE = 4 };
+
+struct Options {
+    int k, rule, eps, top_k, min_block, window;
+    float temperature;
+};
+
+
 static inline const float* offset_row(const float* table, int row, int ref) {
     // a learned log-prior over (intensity - ref): intensity v's entry is v - ref + 255
     return table + (size_t)row * (2 * V - 1) + (V - 1 - ref);
@@ -511,14 +528,74 @@ static int window_centre(const float* lg, int window) {  // argmax over v of P(|
     return bv;
 }
 
+// ---------------------------------------------------------------- sampling
+
+static inline int clamp_pos(int p) { return p < S ? p : S - 1; }
+
+// softmax(z / T) (V,) in double
+static void softmax_t(const float* z, float T, double* p) {
+    float mx = z[argmax(z)] / T;
+    double sum = 0.0;
+    for (int v = 0; v < V; v++) sum += p[v] = std::exp((double)(z[v] / T - mx));
+    for (int v = 0; v < V; v++) p[v] /= sum;
+}
+
+// the sure token at position pos of image b: argmax(z / T + g) for its Gumbel noise g (a sample
+// of softmax(z / T)); where the draft there, drawn from logits q, was rejected, from max(0, p - q)
+// instead, which makes the token's distribution exactly p (unless p == q leaves nothing)
+static int sample_first(const Engine* E, const Options* o, int b, int pos, const float* z, const float* q) {
+    const float T = o->temperature, *g = E->noise_first + ((size_t)b * S + clamp_pos(pos)) * V;
+    if (q) {
+        double p[V], pq[V], best = -INFINITY;
+        int bv = -1;
+        softmax_t(z, T, p);
+        softmax_t(q, T, pq);
+        for (int v = 0; v < V; v++) {
+            double r = p[v] - pq[v];
+            if (r > 0 && std::log(r) + g[v] > best) { best = std::log(r) + g[v]; bv = v; }
+        }
+        if (bv >= 0) return bv;
+    }
+    int best = 0;
+    float bs = z[0] / T + g[0];  // as decoding.py: (z / T) + g, the first maximum
+    for (int v = 1; v < V; v++) { float s_ = z[v] / T + g[v]; if (s_ > bs) { bs = s_; best = v; } }
+    return best;
+}
+
+// head a + 2's draft at position pos of image b from its logits lg (prior included): argmax(lg +
+// T g) for the drafts' Gumbel noise g, as decoding.py draws it; lg kept for the verification
+static int draft_sample(const Engine* E, const Options* o, int b, int pos, int a, const float* lg) {
+    const float T = o->temperature, *g = E->noise_draft + ((size_t)b * S + clamp_pos(pos)) * V;
+    std::memcpy(E->qlog + ((size_t)b * (MAXK - 1) + a) * V, lg, V * sizeof(float));
+    int best = 0;
+    float bs = lg[0] + g[0] * T;
+    for (int v = 1; v < V; v++) { float s_ = lg[v] + g[v] * T; if (s_ > bs) { bs = s_; best = v; } }
+    return best;
+}
+
+// Speculative sampling's acceptance of image b's block pr at positions t.. : draft j (position
+// t + j) is kept while u < p(x) / q(x), p = softmax(z[j - 1] / T), q its draft's distribution
+static int sample_accepted(const Engine* E, const Options* o, int b, int t, const int64_t* pr, const float* z) {
+    int acc = 1;
+    for (int j = 1; j < o->k; j++) {
+        double p[V], q[V];
+        softmax_t(z + (size_t)(j - 1) * V, o->temperature, p);
+        softmax_t(E->qlog + ((size_t)b * (MAXK - 1) + j - 1) * V, o->temperature, q);
+        const double u = E->noise_accept[(size_t)b * S + clamp_pos(t + j)];
+        if (!(u * q[pr[j]] < p[pr[j]])) break;
+        acc++;
+    }
+    return acc;
+}
+
 // Blocks of k proposals for m entries: entry i's state hs (i, d) of image imgs[i] predicts
 // position pos[i], its sure token props[i][0] is set already; heads 2..k's logits come for every
 // entry at once, then each entry's proposals in head order (with nbr_draft a head's prior reads
 // the proposals before it). toks[i]: the image's decoded tokens, read before pos[i] only. Uses
 // w.pre, w.x, w.xn and w.z. Team call.
-static void draft(const Engine* E, int m, const int* imgs, const float* hs, const int* pos, int k,
-                  int64_t* const* toks, int64_t* const* props, int window, const Work& w) {
-    const int d = E->d, f = E->f, G = E->G;
+static void draft(const Engine* E, const Options* o, int m, const int* imgs, const float* hs, const int* pos,
+                  int64_t* const* toks, int64_t* const* props, const Work& w) {
+    const int d = E->d, f = E->f, G = E->G, k = o->k, window = o->window;
     const int kh = k < G + 1 ? k : G + 1;  // a block longer than the model's heads keeps the rest as is
     if (kh == 1) return;
     const int nh = kh - 1, P = nh * f;
@@ -545,18 +622,13 @@ static void draft(const Engine* E, int m, const int* imgs, const float* hs, cons
         for (int g = 0; g < nh; g++) {  // in order: with nbr_draft a head's prior reads the proposals before it
             float* lg = w.z + ((size_t)i * nh + g) * V;
             if (E->has_nbr_prior) add_nbr_prior(E, g, pos[i] + g + 1, toks[i], pr, lg);
-            pr[g + 1] = window > 0 ? window_centre(lg, window) : argmax(lg);
+            if (o->rule == SAMPLE) pr[g + 1] = draft_sample(E, o, imgs[i], pos[i] + g + 1, g, lg);
+            else pr[g + 1] = window > 0 ? window_centre(lg, window) : argmax(lg);
         }
     }
 }
 
 // ---------------------------------------------------------------- the exported calls
-
-enum Rule { EXACT = 0, EPS = 1, TOPK = 2, ORACLE = 3 };
-
-struct Options {
-    int k, rule, eps, top_k, min_block, window;
-};
 
 // How many tokens of a block are kept: the sure one plus the longest run of proposals the rule
 // accepts against p1's logits z (k, 256) at the positions before them.
@@ -600,8 +672,10 @@ extern "C" void engine_start(const Engine* E, const Options* o, int n, const int
         step(E, n, imgs, 1, start, 1, zero, w, scores);
         p1_logits(E, n, imgs, 1, zero, w.h, w.z);
         #pragma omp for schedule(static)
-        for (int i = 0; i < n; i++) ptrs[n + i][0] = argmax(w.z + (size_t)i * V);
-        draft(E, n, imgs, w.h, zero, o->k, ptrs, ptrs + n, o->window, w);
+        for (int i = 0; i < n; i++)
+            ptrs[n + i][0] = o->rule == SAMPLE ? sample_first(E, o, imgs[i], 0, w.z + (size_t)i * V, nullptr)
+                                               : argmax(w.z + (size_t)i * V);
+        draft(E, o, n, imgs, w.h, zero, ptrs, ptrs + n, w);
         std::free(scores);
     }
     std::free(imgs); std::free(start); std::free(ptrs);
@@ -648,7 +722,9 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
             for (int i = 0; i < m; i++) {
                 int b = imgs[i], t = pos[i] - 1;
                 const int64_t* pr = pk + (size_t)i * k;
-                int a = accepted(o, pr, w.z + (size_t)i * k * V, S - t);
+                const float* z = w.z + (size_t)i * k * V;
+                const int drawn = o->rule == SAMPLE ? sample_accepted(E, o, b, t, pr, z) : 0;
+                int a = o->rule == SAMPLE ? (drawn < S - t ? drawn : S - t) : accepted(o, pr, z, S - t);
                 acc[i] = a;
                 for (int j = 0; j < a; j++) {
                     toks[(size_t)b * toks_len + t + j] = pr[j];
@@ -657,7 +733,10 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
                 hist[(size_t)b * k + a - 1] += 1;
                 calls[b] += 1;
                 t_arr[b] = t + a;
-                if (t + a < S) props[(size_t)b * k] = argmax(w.z + ((size_t)i * k + a - 1) * V);
+                if (t + a < S && o->rule == SAMPLE)  // a rejected draft's position: drawn from max(0, p - q)
+                    props[(size_t)b * k] = sample_first(E, o, b, t + a, z + (size_t)(a - 1) * V,
+                                                        drawn < k ? E->qlog + ((size_t)b * (MAXK - 1) + a - 1) * V : nullptr);
+                else if (t + a < S) props[(size_t)b * k] = argmax(z + (size_t)(a - 1) * V);
             }
             #pragma omp single
             for (int i = 0; i < m; i++) {
@@ -668,7 +747,7 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
                 ptrs[m2] = toks + (size_t)b * toks_len; ptrs[n + m2] = props + (size_t)b * k;
                 m2++;
             }
-            if (propose) draft(E, m2, nimg, w.att, npos, k, ptrs, ptrs + n, o->window, w);
+            if (propose) draft(E, o, m2, nimg, w.att, npos, ptrs, ptrs + n, w);
             std::free(scores);
         }
     }
@@ -703,6 +782,6 @@ extern "C" void engine_draft(const Engine* E, const Options* o, int b, int m, co
     int64_t** ptrs = (int64_t**)std::malloc(2 * (size_t)m * sizeof(int64_t*));
     for (int i = 0; i < m; i++) { imgs[i] = b; ptrs[i] = toks; ptrs[m + i] = props + (size_t)i * o->k; }
     #pragma omp parallel num_threads(E->threads)
-    draft(E, m, imgs, hs, pos, o->k, ptrs, ptrs + m, o->window, w);
+    draft(E, o, m, imgs, hs, pos, ptrs, ptrs + m, w);
     std::free(imgs); std::free(ptrs);
 }

@@ -30,7 +30,7 @@ from .model import SEQ_LEN, SRC_LEN, VOCAB, ImageTransformerSR
 SOURCE = Path(__file__).with_name("engine.cpp")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 MAX_TOKENS = 16  # tokens per call at most (engine.cpp's MAXK)
-RULES = {"exact": 0, "eps": 1, "topk": 2, "oracle": 3}
+RULES = {"exact": 0, "eps": 1, "topk": 2, "oracle": 3, "sample": 4}
 
 _F = ctypes.POINTER(ctypes.c_float)
 _I64 = ctypes.POINTER(ctypes.c_int64)
@@ -57,11 +57,13 @@ class _Engine(ctypes.Structure):
                 + [(n, ctypes.POINTER(ctypes.c_void_p)) for n in ("k_cache", "v_cache", "enc_k", "enc_v")]
                 + [("n_src", ctypes.c_int),
                    ("pos_emb", _F), ("cell", ctypes.POINTER(ctypes.c_int32)), ("prior_weight", ctypes.c_float),
-                   ("work", _F), ("threads", ctypes.c_int)])
+                   ("work", _F), ("threads", ctypes.c_int)]
+                + [(n, _F) for n in ("noise_first", "noise_accept", "noise_draft", "qlog")])
 
 
 class _Options(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int) for n in ("k", "rule", "eps", "top_k", "min_block", "window")]
+    _fields_ = ([(n, ctypes.c_int) for n in ("k", "rule", "eps", "top_k", "min_block", "window")]
+                + [("temperature", ctypes.c_float)])
 
 
 def _cache_dir() -> Path:
@@ -287,8 +289,22 @@ class Batch:
         self.hist = torch.zeros(B, k, dtype=torch.int64)
         self.calls = torch.ones(B, dtype=torch.int64)  # the first, prefix-free call
 
-    def options(self, rule="exact", eps=0, top_k=1, min_block=1, window=0) -> _Options:
-        return _Options(self.k, RULES[rule], eps, top_k, min_block, window)
+    def options(self, rule="exact", eps=0, top_k=1, min_block=1, window=0, temperature=0.0) -> _Options:
+        return _Options(self.k, RULES[rule], eps, top_k, min_block, window, temperature)
+
+    def sample_with(self, noise: tuple) -> None:
+        """Sampling's noise tables (decoding._sampling_noise: the sure tokens' Gumbel noise (B,
+        3072, 256), and for k > 1 the acceptance uniforms (B, 3072) and the drafts' Gumbel noise
+        (B, 3072, 256)), which the "sample" rule reads."""
+        first, accept, draft = (_f32(x) if x is not None else None for x in noise)
+        if first.shape != (self.B, SEQ_LEN, VOCAB) or (self.k > 1 and (accept is None or draft is None)):
+            raise ValueError("sampling needs the noise of every position of every image (and, for k > 1, the drafts')")
+        self.qlog = torch.zeros(self.B, MAX_TOKENS - 1, VOCAB)
+        self._noise = (first, accept, draft)
+        e = self.struct
+        e.noise_first, e.qlog = _ptr(first), _ptr(self.qlog)
+        if self.k > 1:
+            e.noise_accept, e.noise_draft = _ptr(accept), _ptr(draft)
 
     def start(self, opts: _Options, rows: torch.Tensor | None = None) -> None:
         rows = torch.arange(self.B) if rows is None else rows

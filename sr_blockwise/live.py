@@ -183,7 +183,7 @@ class Frame:
 # spinning between parallel regions: there 2 torch threads ran several times slower than 1 (the
 # native engine runs on 1 thread outside the main thread for the same reason, engine.py). So
 # `sr-blockwise demo` sets 1 torch thread at start-up (--threads) for what runs in PyTorch
-# (sampling): torch.set_num_threads sets the calling thread's count and the count every thread
+# (models the native engine does not run): torch.set_num_threads sets the calling thread's count and the count every thread
 # started later begins with, so every worker gets it.
 DECODE_THREADS = 1
 

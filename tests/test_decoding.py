@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from sr_blockwise.decoding import (DecodeOptions, accepted_length, decode, exact_block_stats, greedy,
-                                   options_for, residual_logits, speculative_accepted_length, window_centre)
+from sr_blockwise import engine as native
+from sr_blockwise.decoding import (DecodeOptions, _sampling_noise, accepted_length, decode, exact_block_stats,
+                                   greedy, options_for, residual_logits, speculative_accepted_length,
+                                   window_centre)
 from sr_blockwise.data import to_tokens
 from sr_blockwise.model import SEQ_LEN
 
@@ -167,19 +169,45 @@ def test_bf16_exact_equals_bf16_greedy():
     np.testing.assert_array_equal(r.images, g.images)
 
 
-def test_sampling_is_seeded_and_batch_invariant():
+NATIVE = pytest.param("native", marks=pytest.mark.skipif(not native.available(), reason="no C++ compiler"))
+
+
+@pytest.mark.parametrize("engine", [NATIVE, "torch"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_sampling_is_seeded_and_batch_invariant(engine, k):
     m = make_tiny(9).for_inference(torch.float32)
     lr = np.random.default_rng(9).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
-    opts = options_for("sample", temperature=1.0, seed=3)
-    a, b = decode(m, lr, opts), decode(m, lr, opts)
+    opts = options_for("sample", k=k, temperature=1.0, seed=3)
+    a, b = decode(m, lr, opts, engine=engine), decode(m, lr, opts, engine=engine)
+    assert a.extra["engine"] == engine
     np.testing.assert_array_equal(a.images, b.images)
     assert not np.array_equal(a.images, greedy(m, lr).images)
-    first = decode(m, lr[:1], opts)
+    first = decode(m, lr[:1], opts, engine=engine)
     np.testing.assert_array_equal(first.images[0], a.images[0])
     # with explicit per-image seeds, the second image alone equals itself in the batch
-    both = decode(m, lr, opts, seeds=[11, 12])
-    second = decode(m, lr[1:], opts, seeds=[12])
+    both = decode(m, lr, opts, seeds=[11, 12], engine=engine)
+    second = decode(m, lr[1:], opts, seeds=[12], engine=engine)
     np.testing.assert_array_equal(second.images[0], both.images[1])
+    assert second.stats[0].block_hist == both.stats[1].block_hist
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
+@pytest.mark.parametrize("T", [1.0, 0.5])
+def test_native_plain_sampling_is_the_gumbel_max_of_its_own_logits(T):
+    """k=1 on the native engine: every token is argmax(z / T + g) for p1's logits z at its prefix
+    (the engine's own, teacher-forced over the sample) and that position's noise g from
+    _sampling_noise, i.e. a draw from softmax(z / T) with the torch engine's noise."""
+    m = make_tiny(10).for_inference(torch.float32)
+    lr = np.random.default_rng(10).integers(0, 256, (1, 8, 8, 3), dtype=np.uint8)
+    opts = DecodeOptions(k=1, temperature=T, seed=4, prior_weight=1.5)
+    out = decode(m, lr, opts, engine="native")
+    tokens = torch.from_numpy(to_tokens(out.images))[0]
+    g = _sampling_noise(1, opts, "cpu")[0][0]
+    batch = native.Batch(m, torch.from_numpy(to_tokens(lr)), 16, opts.prior_weight)
+    prev = torch.cat([torch.tensor([-1]), tokens[:-1]])
+    z = torch.cat([batch.step(0, prev[s:s + 16], s)[1] for s in range(0, SEQ_LEN, 16)])
+    assert torch.equal((z / T + g).argmax(-1), tokens)
+    assert not torch.equal(z.argmax(-1), tokens)  # a sample, not the greedy choice
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
@@ -207,7 +235,8 @@ def test_speculative_rule_gives_tokens_distributed_as_p(temperature):
     assert 0.1 < (n == 2).double().mean() < 0.9  # both branches were exercised
 
 
-def test_speculative_sampling_matches_plain_sampling(setup64):
+@pytest.mark.parametrize("engine", [NATIVE, "torch"])
+def test_speculative_sampling_matches_plain_sampling(setup64, engine):
     """k > 1 sampling: drafts are accepted (blocks > 1), the samples are as likely under the
     model as plain samples (greedy's are far likelier), and an image's sample does not depend
     on its batch."""
@@ -221,13 +250,14 @@ def test_speculative_sampling_matches_plain_sampling(setup64):
         return -logp.gather(-1, out[..., None]).mean().item()
 
     for T in (1.0, 0.5):
-        plain = decode(m, lr, DecodeOptions(k=1, temperature=T, seed=5))
-        spec = decode(m, lr, DecodeOptions(k=4, temperature=T, seed=5))
+        plain = decode(m, lr, DecodeOptions(k=1, temperature=T, seed=5), engine=engine)
+        spec = decode(m, lr, DecodeOptions(k=4, temperature=T, seed=5), engine=engine)
+        assert spec.extra["engine"] == plain.extra["engine"] == engine
         assert all(s.mean_block > 1.1 for s in spec.stats), [s.mean_block for s in spec.stats]
         assert not np.array_equal(spec.images, plain.images)
         assert abs(nll(spec.images, T) - nll(plain.images, T)) < 0.05
         assert nll(g.images, T) < nll(plain.images, T) - 1
-    alone = decode(m, lr[2:], DecodeOptions(k=4, temperature=0.5, seed=5), seeds=[5 * 1_000_003 + 2])
+    alone = decode(m, lr[2:], DecodeOptions(k=4, temperature=0.5, seed=5), seeds=[5 * 1_000_003 + 2], engine=engine)
     np.testing.assert_array_equal(alone.images[0], spec.images[2])
     assert alone.stats[0].block_hist == spec.stats[2].block_hist
     with pytest.raises(ValueError, match="speculative sampling's own rule"):

@@ -117,8 +117,10 @@ def test_the_engine_refuses_models_it_does_not_run():
     assert "head1" in engine.supports(m)
     with pytest.raises(ValueError, match="head1"):
         decode(m, np.zeros((1, 8, 8, 3), np.uint8), DecodeOptions(k=2), engine="native")
-    r = decode(make_tiny(0), np.zeros((1, 8, 8, 3), np.uint8), DecodeOptions(k=1, temperature=1.0))
-    assert r.extra["engine"] == "torch"  # sampling runs on the torch engine
+    r = decode(m, np.zeros((1, 8, 8, 3), np.uint8), DecodeOptions(k=1, temperature=1.0))
+    assert r.extra["engine"] == "torch"  # the PyTorch step decodes what the engine does not run
+    r = decode(make_tiny(0), np.zeros((1, 8, 8, 3), np.uint8), DecodeOptions(k=4, temperature=1.0))
+    assert r.extra["engine"] == "native"  # sampling included
 
 
 def test_changed_weights_are_packed_again():

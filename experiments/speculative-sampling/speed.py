@@ -4,12 +4,16 @@
 # mean block: the samples' mean -log p per token under the model at that temperature
 # (teacher-forced, float32), which must agree between k values: speculative sampling keeps the
 # distribution of plain sampling.
-#   .venv/bin/python experiments/speculative-sampling/speed.py   (log: speed.log)
-import time, numpy as np, torch
+#   .venv/bin/python experiments/speculative-sampling/speed.py --engine torch    (log: speed.log)
+#   .venv/bin/python experiments/speculative-sampling/speed.py --engine native   (log: speed_native.log)
+import argparse, time, numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces, to_tokens
 from sr_blockwise.decoding import DecodeOptions, decode
 
+p = argparse.ArgumentParser()
+p.add_argument("--engine", choices=["native", "torch"], default="native", help="the decoding engine (decode's engine=)")
+engine = p.parse_args().engine
 faces = load_faces(part="test").images[:16]
 lrs = downsample_8(faces)
 W, KS, TS = 2.0, (1, 2, 4, 6), (1.0, 0.8)
@@ -27,8 +31,8 @@ for name, dtype, threads, idx in (("batch 1, float32, 1 thread", torch.float32, 
     torch.set_num_threads(threads)
     m = load_model("cpu-finetuned", dtype=dtype)
     ref = load_model("cpu-finetuned", dtype=torch.float32)
-    decode(m, lrs[:1], DecodeOptions(k=6, temperature=1.0, prior_weight=W))  # warm-up
-    print(f"\n{name}: seconds per image (x plain sampling), mean block, -log p per token")
+    decode(m, lrs[:1], DecodeOptions(k=6, temperature=1.0, prior_weight=W), engine=engine)  # warm-up
+    print(f"\n{name}, {engine} engine: seconds per image (x plain sampling), mean block, -log p per token")
     print("| T | k | s/image | vs k=1 | block | -log p |")
     print("|---|---|---|---|---|---|")
     for T in TS:
@@ -36,7 +40,7 @@ for name, dtype, threads, idx in (("batch 1, float32, 1 thread", torch.float32, 
         for k in KS:
             secs, blocks, nlls = 0.0, [], []
             for group in idx:
-                r = decode(m, lrs[group], DecodeOptions(k=k, temperature=T, seed=25, prior_weight=W))
+                r = decode(m, lrs[group], DecodeOptions(k=k, temperature=T, seed=25, prior_weight=W), engine=engine)
                 secs += r.seconds
                 blocks += [s.mean_block for s in r.stats]
                 nlls.append(nll(ref, lrs[group], r.images, T))
