@@ -105,7 +105,7 @@ class Upscaler:
         """The largest block size k these weights decode with (their number of heads)."""
         return self.model.cfg.n_blockwise
 
-    def options(self, mode: str = "exact", k: int = 6, eps: int = 2, temperature: float = 1.0,
+    def options(self, mode: str = "exact", k: int = 2, eps: int = 2, temperature: float = 1.0,
                 seed: int = 0, prior_weight: float | None = None):
         """decoding.DecodeOptions for a decode mode (decoding.MODES), checked against these weights.
         prior_weight None: the weights' default input guidance (decoding.default_prior_weight)."""
@@ -124,7 +124,7 @@ class Upscaler:
         r = decode(self.model, lrs, opts, progress=progress, seeds=seeds)
         return r.images, [ImageStats(int(st.calls), float(st.mean_block), float(st.seconds)) for st in r.stats]
 
-    def upscale(self, images, mode: str = "exact", k: int = 6, eps: int = 2, temperature: float = 1.0,
+    def upscale(self, images, mode: str = "exact", k: int = 2, eps: int = 2, temperature: float = 1.0,
                 seed: int | Sequence[int] = 0, prior_weight: float | None = None, match_input: bool = True,
                 batch_size: int = 8, return_stats: bool = False):
         """Upscale one face, or a list of them, to 32x32.

@@ -764,9 +764,14 @@ MODES = ("greedy", "exact", "approx", "sample")
 # the prior weight the apps (upscale, demo) decode with unless told otherwise: measured on 96
 # held-out faces (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
+# the block size the apps decode with unless told otherwise: on the native engine a k-token call
+# costs 1.5x a 1-token one at k=2 and 2.6x at k=6, so k=2 is the fastest blockwise setting at
+# batch 1 and 16 (sr-blockwise bench-decode: eps=2 1.11x greedy against 0.98x at k=6, exact 0.89x
+# against 0.54x; speculative sampling at batch 8 1.04-1.10x plain sampling against 0.79-0.84x)
+DEFAULT_K = 2
 
 
-def options_for(mode: str, k: int = 6, eps: int = 2, temperature: float = 1.0, seed: int = 0,
+def options_for(mode: str, k: int = DEFAULT_K, eps: int = 2, temperature: float = 1.0, seed: int = 0,
                 prior_weight: float = 1.0) -> DecodeOptions:
     """The user-facing modes (upscale's --mode and its flags, the demo, Upscaler.options), as
     decode-mode specs: greedy (k=1), exact (exact:k=K, identical to greedy), approx (eps=E:k=K),

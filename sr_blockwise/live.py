@@ -183,16 +183,16 @@ class Frame:
 # spinning between parallel regions: there 2 torch threads ran several times slower than 1 (the
 # native engine runs on 1 thread outside the main thread for the same reason, engine.py). So
 # `sr-blockwise demo` sets 1 torch thread at start-up (--threads) for what runs in PyTorch
-# (models the native engine does not run): torch.set_num_threads sets the calling thread's count and the count every thread
-# started later begins with, so every worker gets it.
+# (models the native engine does not run): torch.set_num_threads sets the calling thread's count
+# and the count every thread started later begins with, so every worker gets it.
 DECODE_THREADS = 1
 
 
 def page_defaults(model) -> tuple[int, int, float]:
     """The page's starting k, eps and input guidance for this model: guidance 1 for weights
     without the learned input prior."""
-    from sr_blockwise.decoding import default_prior_weight
-    return min(6, model.cfg.n_blockwise), 2, default_prior_weight(model)
+    from sr_blockwise.decoding import DEFAULT_K, default_prior_weight
+    return min(DEFAULT_K, model.cfg.n_blockwise), 2, default_prior_weight(model)
 
 
 class Cancelled(Exception):

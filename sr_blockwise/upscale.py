@@ -74,7 +74,7 @@ class Config:
     inputs: list[str]
     outdir: str
     mode: str = "exact"
-    k: int = 6
+    k: int = 2  # decoding.DEFAULT_K (not imported: that module loads torch)
     eps: int = 2
     temperature: float = 1.0
     seed: int = 0

@@ -157,7 +157,7 @@ def faces(celeba_npz) -> list[Path]:
 
 
 def test_shipped_weights_give_the_batch_commands_faces(faces, tmp_path, one_thread):
-    """Two real held-out faces through the API (exact mode, k=6, the batch command's defaults:
+    """Two real held-out faces through the API (exact mode, k=2, the batch command's defaults:
     the largest face, aligned), decoded together, equal the batch command's outputs and
     statistics; the second decoded alone (from its file) gives the same face. CelebA-aligned
     photos keep the paper's crop."""

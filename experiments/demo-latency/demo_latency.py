@@ -1,7 +1,7 @@
 # Where the demo's time goes at batch 1: the same face decoded (a) by the library alone on the main
 # thread, (b) through apps.demo.decode_live in-process (the worker thread + live frames every 8
 # calls, no server), (c) through the real Gradio server's /upscale API (gradio_client, no browser),
-# each with the decode at 2 torch threads and at 1. Exact and approximate (eps=2, k=6), input
+# each with the decode at 2 torch threads and at 1. Exact and approximate (eps=2, k=6 or --k), input
 # guidance 2, float32 (the demo's dtype).
 #   .venv/bin/python experiments/demo-latency/demo_latency.py [--repeats 2]
 # Logs beside this script: demo_latency.log (made by the version of commit 70b24ef, which set the
@@ -22,6 +22,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=2)
 p.add_argument("--threads", default="2,1", help="torch threads of the decode to compare")
 p.add_argument("--server-only", action="store_true")
+p.add_argument("--k", type=int, default=6, help="block size of both decodes (the page starts at 2)")
 a = p.parse_args()
 THREADS = [int(n) for n in a.threads.split(",")]
 model = load_model("cpu-finetuned", dtype=torch.float32)
@@ -30,7 +31,7 @@ lr = downsample_8(face[None])[0]
 import tempfile
 path = os.path.join(tempfile.mkdtemp(), "demo_latency_face.png")
 Image.fromarray(face).save(path)
-W, K, EPS = 2.0, 6, 2
+W, K, EPS = 2.0, a.k, 2
 rows = []
 decode(model, lr[None], options_for("approx", K, EPS, prior_weight=W))  # warm-up
 for rep in range(0 if a.server_only else a.repeats):
