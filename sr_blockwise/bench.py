@@ -21,10 +21,12 @@ from .model import SEQ_LEN, ImageTransformerSR, preset
 
 
 def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: int = 50, pos: int = 1500,
-              engine: str = "native", propose: bool = True) -> float:
+              engine: str = "native", propose: bool = True, stage_ticks: list | None = None) -> float:
     """Median seconds of one blockwise call with k = n_tokens as `decode` makes it, for `batch`
     images at a mid-image position: feed n tokens per image, p1's logits at all of them, accept
-    (the oracle rule: all of them), commit, and (propose) draft the next block's k proposals."""
+    (the oracle rule: all of them), commit, and (propose) draft the next block's k proposals.
+    stage_ticks (native engine): a list that gets the timed calls' cycle counts per stage
+    (engine.STAGES) appended."""
     torch.manual_seed(0)
     src = torch.randint(0, 256, (batch, 192))
     k = min(n_tokens, MAX_TOKENS)
@@ -36,13 +38,18 @@ def time_call(model: ImageTransformerSR, n_tokens: int, batch: int = 1, reps: in
             b.tokens[:, :pos] = torch.randint(0, 256, (batch, pos))
             b.props[:] = torch.randint(0, 256, (batch, k))
             rows = torch.arange(batch, dtype=torch.int64)
+            ticks = b.time_stages() if stage_ticks is not None else None
             for i in range(reps + 5):
                 b.t[:] = pos
                 rows[:] = torch.arange(batch)
+                if i == 5 and ticks is not None:
+                    ticks.zero_()  # the warm-up calls' stages left out
                 t0 = time.perf_counter()
                 b.iterate(opts, rows, batch, propose=propose)
                 if i >= 5:
                     times.append(time.perf_counter() - t0)
+            if ticks is not None:
+                stage_ticks.append(ticks.clone())
         else:  # the torch engine's call: model.step, p1's logits, the heads
             toks = torch.randint(0, 256, (batch, n_tokens))
             prefix = torch.randint(0, 256, (batch, pos))
@@ -79,22 +86,26 @@ def call_cost_table(model: ImageTransformerSR, tokens=(1, 2, 4, 7, 11), batches=
 
 
 def call_breakdown(model: ImageTransformerSR, k: int = 6, batches=(1, 16), reps: int = 30) -> list[dict]:
-    """Where a k-token blockwise call's time goes on the native engine, in ms per call: the
-    verify call (decoder step for the block's tokens, KV-cache writes, p1's logits, acceptance
-    rule, commit), the heads' drafting of the next block (the rest of the call), and the call
-    through ctypes from Python (an empty call's cost)."""
+    """Where a k-token blockwise call's time goes on the native engine, in ms per call: the call
+    through ctypes from Python (an empty call's cost), then each stage of the engine's call
+    (engine.STAGES: the decoder step's embedding, QKV products, KV-cache writes, self- and
+    cross-attention, the other linear layers, norms and GELU; p1's logits, the acceptance rule
+    and commit, the heads' drafting), each stage's share of the cycles counted in the calls
+    (engine.Batch.time_stages) times the median call's time less the empty call's."""
     out = []
     for B in batches:
         r = max(3, reps // B)
-        whole = time_call(model, k, B, r)
-        verify = time_call(model, k, B, r, propose=False)
+        ticks = []
+        whole = time_call(model, k, B, r, stage_ticks=ticks)
         b = native.Batch(model, torch.zeros(B, 192, dtype=torch.int64), k)
         rows = torch.arange(B, dtype=torch.int64)
         opts = b.options()
         b.t[:] = SEQ_LEN  # every image done: the call does nothing but cross into C and back
         empty = statistics.median(_timed(lambda: b.iterate(opts, rows, B), 200))
-        out.append({"batch": B, "k": k, "call_ms": whole * 1e3, "verify_ms": (verify - empty) * 1e3,
-                    "drafting_ms": (whole - verify) * 1e3, "host_ms": empty * 1e3})
+        share = ticks[0] / ticks[0].sum()
+        row = {"batch": B, "k": k, "call_ms": whole * 1e3, "host_ms": empty * 1e3}
+        row.update({f"{name}_ms": float(f) * (whole - empty) * 1e3 for name, f in zip(native.STAGES, share)})
+        out.append(row)
     return out
 
 
@@ -205,7 +216,7 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
     calls_md = print_table(calls, ["engine", "dtype", "batch", "tokens", "ms", "vs_1_token"])
     print("\n## Where a k=6 call's time goes (native engine, ms per call)")
     parts = call_breakdown(model, 6, batches=[b for b in batches if b <= 16])
-    parts_md = print_table(parts, ["batch", "k", "call_ms", "verify_ms", "drafting_ms", "host_ms"])
+    parts_md = print_table(parts, ["batch", "k", "call_ms", "host_ms", *[f"{n}_ms" for n in native.STAGES]])
     try:
         faces = load_faces(data).part("test")
         lr = downsample_8(faces.images[:max(n_images, max(batches))])

@@ -20,6 +20,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <immintrin.h>
+#include <omp.h>
+#include <x86intrin.h>
 
 typedef float v16 __attribute__((vector_size(64)));
 static inline v16 ld(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
@@ -94,7 +96,22 @@ struct Engine {
     // each image's current drafts were drawn from (B, MAXK - 1, 256)
     const float *noise_first, *noise_accept, *noise_draft;
     float* qlog;
+    double* stage_ticks;  // where calls' time goes (see mark), or null
 };
+
+// Where a call's time goes (bench.call_breakdown): at the end of each stage (after its barrier,
+// so the whole team is done) the team's first thread adds the processor's cycle count since its
+// previous mark to the stage's total. A few reads of the counter a call; off when stage_ticks is
+// null.
+enum Stage { ST_EMBED, ST_QKV, ST_KV_WRITE, ST_SELF_ATT, ST_CROSS_ATT, ST_LINEAR, ST_NORM_GELU, ST_LOGITS,
+             ST_ACCEPT, ST_DRAFT, N_STAGES };
+static inline void mark(const Engine* E, int stage) {  // stage -1: a call's start
+    static thread_local unsigned long long last = 0;
+    if (!E->stage_ticks || omp_get_thread_num() != 0) return;
+    const unsigned long long t = __rdtsc();
+    if (stage >= 0) E->stage_ticks[stage] += (double)(t - last);
+    last = t;
+}
 
 // ---------------------------------------------------------------- kernels
 
@@ -410,6 +427,7 @@ static void residual_norm(int R, int d, float* x, const float* delta, const floa
 static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* prev, int ldp,
                  const int* pos0, const Work& w, float* scores) {
     const int d = E->d, ff = E->ff, R = m * n, CL = E->cache_len;
+    mark(E, -1);
     #pragma omp for schedule(static)
     for (int r = 0; r < R; r++) {
         int i = r / n, j = r % n, b = imgs[i];
@@ -422,26 +440,40 @@ static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* 
     }
     #pragma omp for schedule(static)
     for (int r = 0; r < R; r++) layer_norm(w.x + (size_t)r * d, E->layers[0].ln1_w, E->layers[0].ln1_b, w.xn + (size_t)r * d, d);
+    mark(E, ST_EMBED);
     for (int li = 0; li < E->n_layers; li++) {
         const Layer& Ly = E->layers[li];
         linear(w.xn, d, R, Ly.qkv_w, Ly.qkv_b, w.qkv, 3 * d, d, 3 * d);
+        mark(E, ST_QKV);
         if (E->kv_bf16) write_kv<uint16_t>(E, li, m, imgs, n, pos0, w.qkv);
         else write_kv<float>(E, li, m, imgs, n, pos0, w.qkv);
+        mark(E, ST_KV_WRITE);
         attention(E, m, imgs, n, pos0, w.qkv, 3 * d, E->k_cache[li], E->v_cache[li], CL, true, w.att, scores);
+        mark(E, ST_SELF_ATT);
         linear(w.att, d, R, Ly.out_w, Ly.out_b, w.xn, d, d, d);
+        mark(E, ST_LINEAR);
         residual_norm(R, d, w.x, w.xn, Ly.ln2_w, Ly.ln2_b, w.xn);
+        mark(E, ST_NORM_GELU);
         linear(w.xn, d, R, Ly.cq_w, Ly.cq_b, w.qkv, d, d, d);
+        mark(E, ST_LINEAR);
         attention(E, m, imgs, n, pos0, w.qkv, d, E->enc_k[li], E->enc_v[li], E->n_src, false, w.att, scores);
+        mark(E, ST_CROSS_ATT);
         linear(w.att, d, R, Ly.cout_w, Ly.cout_b, w.xn, d, d, d);
+        mark(E, ST_LINEAR);
         residual_norm(R, d, w.x, w.xn, Ly.ln3_w, Ly.ln3_b, w.xn);
+        mark(E, ST_NORM_GELU);
         linear(w.xn, d, R, Ly.up_w, Ly.up_b, w.hid, ff, d, ff);
+        mark(E, ST_LINEAR);
         #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) gelu(w.hid + (size_t)r * ff, ff);
+        mark(E, ST_NORM_GELU);
         linear(w.hid, ff, R, Ly.down_w, Ly.down_b, w.xn, d, ff, d);
+        mark(E, ST_LINEAR);
         if (li + 1 < E->n_layers)  // the next layer's first norm, or the decoder's final one
             residual_norm(R, d, w.x, w.xn, E->layers[li + 1].ln1_w, E->layers[li + 1].ln1_b, w.xn);
         else
             residual_norm(R, d, w.x, w.xn, E->dec_ln_w, E->dec_ln_b, w.h);
+        mark(E, ST_NORM_GELU);
     }
 }
 
@@ -718,6 +750,7 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
             float* scores = scores_buffer(E);
             step(E, m, imgs, k, pk, k, pos, w, scores);
             p1_logits(E, m, imgs, k, pos, w.h, w.z);
+            mark(E, ST_LOGITS);
             #pragma omp for schedule(static)
             for (int i = 0; i < m; i++) {
                 int b = imgs[i], t = pos[i] - 1;
@@ -747,7 +780,9 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
                 ptrs[m2] = toks + (size_t)b * toks_len; ptrs[n + m2] = props + (size_t)b * k;
                 m2++;
             }
-            if (propose) draft(E, o, m2, nimg, w.att, npos, ptrs, ptrs + n, w);
+            mark(E, ST_ACCEPT);
+            if (propose) draft(E, o, m2, nimg, w.att, npos, ptrs, ptrs + n, w);  // ends at a barrier
+            mark(E, ST_DRAFT);
             std::free(scores);
         }
     }

@@ -31,6 +31,8 @@ SOURCE = Path(__file__).with_name("engine.cpp")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 MAX_TOKENS = 16  # tokens per call at most (engine.cpp's MAXK)
 RULES = {"exact": 0, "eps": 1, "topk": 2, "oracle": 3, "sample": 4}
+# a call's stages, in engine.cpp's order (enum Stage), for Batch.time_stages
+STAGES = ("embed", "qkv", "kv_write", "self_att", "cross_att", "linear", "norm_gelu", "logits", "accept", "draft")
 
 _F = ctypes.POINTER(ctypes.c_float)
 _I64 = ctypes.POINTER(ctypes.c_int64)
@@ -58,7 +60,8 @@ class _Engine(ctypes.Structure):
                 + [("n_src", ctypes.c_int),
                    ("pos_emb", _F), ("cell", ctypes.POINTER(ctypes.c_int32)), ("prior_weight", ctypes.c_float),
                    ("work", _F), ("threads", ctypes.c_int)]
-                + [(n, _F) for n in ("noise_first", "noise_accept", "noise_draft", "qlog")])
+                + [(n, _F) for n in ("noise_first", "noise_accept", "noise_draft", "qlog")]
+                + [("stage_ticks", ctypes.POINTER(ctypes.c_double))])
 
 
 class _Options(ctypes.Structure):
@@ -291,6 +294,13 @@ class Batch:
 
     def options(self, rule="exact", eps=0, top_k=1, min_block=1, window=0, temperature=0.0) -> _Options:
         return _Options(self.k, RULES[rule], eps, top_k, min_block, window, temperature)
+
+    def time_stages(self) -> torch.Tensor:
+        """From now on, every call adds the processor's cycle count of each of its stages (STAGES)
+        to the returned (len(STAGES),) float64 tensor: where the calls' time goes."""
+        self.stage_ticks = torch.zeros(len(STAGES), dtype=torch.float64)
+        self.struct.stage_ticks = ctypes.cast(self.stage_ticks.data_ptr(), ctypes.POINTER(ctypes.c_double))
+        return self.stage_ticks
 
     def sample_with(self, noise: tuple) -> None:
         """Sampling's noise tables (decoding._sampling_noise: the sure tokens' Gumbel noise (B,

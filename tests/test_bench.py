@@ -3,6 +3,7 @@ import numpy as np
 import torch
 
 from conftest import make_tiny
+from sr_blockwise import engine
 from sr_blockwise.bench import call_breakdown, call_cost_table, decode_table, train_throughput
 
 
@@ -19,7 +20,9 @@ def test_oracle_accepts_k_per_call_and_tables_are_complete():
         (e, b, n) for e in ("native", "torch") for b in (1, 2) for n in (1, 3)]
     assert all(r["ms"] > 0 for r in cost)
     parts = call_breakdown(m, 4, batches=(1,), reps=2)[0]
-    assert parts["call_ms"] > parts["drafting_ms"] > 0 and parts["verify_ms"] > 0
+    stages = [parts[f"{n}_ms"] for n in engine.STAGES]
+    assert all(ms >= 0 for ms in stages) and parts["draft_ms"] > 0 and parts["self_att_ms"] > 0
+    assert abs(sum(stages) + parts["host_ms"] - parts["call_ms"]) < 1e-6
 
 
 def test_train_throughput_counts_flops():
