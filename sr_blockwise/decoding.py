@@ -766,8 +766,9 @@ MODES = ("greedy", "exact", "approx", "sample")
 DEFAULT_PRIOR_WEIGHT = 2.0
 # the block size the apps decode with unless told otherwise: on the native engine a k-token call
 # costs 1.5x a 1-token one at k=2 and 2.6x at k=6, so k=2 is the fastest blockwise setting at
-# batch 1 and 16 (sr-blockwise bench-decode: eps=2 1.11x greedy against 0.98x at k=6, exact 0.89x
-# against 0.54x; speculative sampling at batch 8 1.04-1.10x plain sampling against 0.79-0.84x)
+# batch 1 and 16 (sr-blockwise bench-decode, batch 1: eps=2 1.12x greedy against 0.99x at k=6,
+# exact 0.91x against 0.54x; speculative sampling at batch 8 1.04-1.10x plain sampling against
+# 0.79-0.84x)
 DEFAULT_K = 2
 
 

@@ -2,7 +2,7 @@
 // products faster than widening bf16 weights to float32 and using fused multiply-adds?
 // One thread; a tile of NR rows x NC panels of 16 columns over K = 512 inputs, as engine.cpp's
 // lin_rows, and a bare loop of 16 independent instructions of each kind (their throughput).
-//   g++ -O3 -march=native -std=c++17 dot_vs_fma.cpp -o /tmp/dot_vs_fma && /tmp/dot_vs_fma
+//   g++ -O3 -march=native -std=c++17 dot_vs_fma.cpp -o dot_vs_fma && ./dot_vs_fma; rm -f dot_vs_fma
 #include <immintrin.h>
 #include <algorithm>
 #include <chrono>
