@@ -5,7 +5,6 @@ bound on speedup for that k). Variants are compared as ratios within one run: ma
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from dataclasses import replace
@@ -174,7 +173,9 @@ def decoder_flops_per_token(cfg) -> float:
 
 
 def machine() -> str:
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    """The processor by its model name (machines lent under one name differ), threads, torch."""
+    from .evaluate.run import machine_info
+    return f"{machine_info('cpu')['cpu']}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def print_table(rows: list[dict], cols: list[str]) -> str:

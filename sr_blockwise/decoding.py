@@ -330,8 +330,8 @@ ENGINES = ("auto", "native", "torch")
 
 def engine_for(model: ImageTransformerSR, opts: DecodeOptions, engine: str = "auto") -> str:
     """Which engine decodes: "native" (sr_blockwise/engine.cpp: a whole blockwise step of a
-    batch in one call, float32) wherever it can, else "torch" (the PyTorch step: head1='layer'
-    models, GPUs, machines without a C++ compiler)."""
+    batch in one call, float32 arithmetic) wherever it can, else "torch" (the PyTorch step:
+    head1='layer' models, GPUs, machines without a C++ compiler)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {ENGINES}")
     why = None
@@ -765,10 +765,10 @@ MODES = ("greedy", "exact", "approx", "sample")
 # held-out faces (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
 # the block size the apps decode with unless told otherwise: on the native engine a k-token call
-# costs 1.5x a 1-token one at k=2 and 2.6x at k=6, so k=2 is the fastest blockwise setting at
-# batch 1 and 16 (sr-blockwise bench-decode, batch 1: eps=2 1.12x greedy against 0.99x at k=6,
-# exact 0.91x against 0.54x; speculative sampling at batch 8 1.04-1.10x plain sampling against
-# 0.79-0.84x)
+# costs 1.5x a 1-token one at k=2 and 2.6x at k=6, so k=2 is the fastest exact and approximate
+# setting at batch 1 and 16 (sr-blockwise bench-decode, batch 1: eps=2 1.12x greedy against 0.99x
+# at k=6, exact 0.91x against 0.54x); speculative sampling at batch 8: 1.04-1.10x plain sampling
+# against 0.79-0.84x at k=6 (at batch 1 k=4 is faster still: experiments/speculative-sampling/)
 DEFAULT_K = 2
 
 

@@ -595,7 +595,9 @@ static int sample_first(const Engine* E, const Options* o, int b, int pos, const
 }
 
 // head a + 2's draft at position pos of image b from its logits lg (prior included): argmax(lg +
-// T g) for the drafts' Gumbel noise g, as decoding.py draws it; lg kept for the verification
+// T g) for the drafts' Gumbel noise g, as decoding.py draws it (T g rounded before the sum: no
+// fused multiply-add here); lg kept for the verification
+__attribute__((optimize("fp-contract=off")))
 static int draft_sample(const Engine* E, const Options* o, int b, int pos, int a, const float* lg) {
     const float T = o->temperature, *g = E->noise_draft + ((size_t)b * S + clamp_pos(pos)) * V;
     std::memcpy(E->qlog + ((size_t)b * (MAXK - 1) + a) * V, lg, V * sizeof(float));
@@ -714,9 +716,10 @@ extern "C" void engine_start(const Engine* E, const Options* o, int n, const int
 }
 
 // One blockwise step of every live image rows[0..n): feed its k proposals at the positions after
-// its decoded prefix, verify them with p1's argmax under the rule, commit the accepted prefix to
-// toks (B, toks_len) and block_map (B, 3072), count the call and the block, and draft the next
-// block from the state at the last accepted token (its sure token is p1's argmax there). An image
+// its decoded prefix, verify them against p1's logits under the rule, commit the accepted prefix
+// to toks (B, toks_len) and block_map (B, 3072), count the call and the block, and draft the next
+// block from the state at the last accepted token (its sure token is p1's argmax there, or p1's
+// sample under the sample rule). An image
 // with one token left takes its sure token without a call. With propose 0 only the sure token of
 // the next block is set (the caller proposes the rest). Finished images leave rows (order kept);
 // returns how many are left.

@@ -142,8 +142,9 @@ def supports(model: ImageTransformerSR) -> str | None:
         return "the native engine runs head1='base' models (p1 = the base logits)"
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 16 or cfg.d_model % 16:
         return "the native engine needs a head dimension that is a multiple of 16"
-    if cfg.block_len <= MAX_TOKENS or cfg.block_len % 8:
-        return f"the native engine needs attention blocks longer than {MAX_TOKENS} tokens, a multiple of 8 (keys in tiles of 32)"
+    if cfg.block_len <= MAX_TOKENS or cfg.block_len % 32:
+        return (f"the native engine needs attention blocks longer than {MAX_TOKENS} tokens and a multiple of 32 "
+                "(a window starts at a block start, and keys are cached in tiles of 32)")
     if cfg.d_ff % 16 or cfg.head_ff % 16:
         return "the native engine needs widths that are multiples of 16"
     return None
@@ -291,8 +292,11 @@ class Batch:
         self.props = torch.zeros(B, k, dtype=torch.int64)
         self.hist = torch.zeros(B, k, dtype=torch.int64)
         self.calls = torch.ones(B, dtype=torch.int64)  # the first, prefix-free call
+        self._noise = None  # sampling's noise tables (sample_with)
 
     def options(self, rule="exact", eps=0, top_k=1, min_block=1, window=0, temperature=0.0) -> _Options:
+        if rule == "sample" and (self._noise is None or not temperature > 0):
+            raise ValueError("the sample rule needs a temperature > 0 and the noise tables (sample_with)")
         return _Options(self.k, RULES[rule], eps, top_k, min_block, window, temperature)
 
     def time_stages(self) -> torch.Tensor:
@@ -307,7 +311,7 @@ class Batch:
         3072, 256), and for k > 1 the acceptance uniforms (B, 3072) and the drafts' Gumbel noise
         (B, 3072, 256)), which the "sample" rule reads."""
         first, accept, draft = (_f32(x) if x is not None else None for x in noise)
-        if first.shape != (self.B, SEQ_LEN, VOCAB) or (self.k > 1 and (accept is None or draft is None)):
+        if first is None or first.shape != (self.B, SEQ_LEN, VOCAB) or (self.k > 1 and (accept is None or draft is None)):
             raise ValueError("sampling needs the noise of every position of every image (and, for k > 1, the drafts')")
         self.qlog = torch.zeros(self.B, MAX_TOKENS - 1, VOCAB)
         self._noise = (first, accept, draft)
@@ -337,6 +341,8 @@ class Batch:
         m = len(pos)
         if m > self.B:
             raise ValueError(f"draft takes at most {self.B} states at a time, got {m}")
+        if opts.rule == RULES["sample"]:
+            raise ValueError("draft proposes argmax blocks (the exact-mode replay), not samples")
         props = torch.zeros(m, self.k, dtype=torch.int64)
         props[:, 0] = first
         buf = torch.zeros(self.toks_len, dtype=torch.int64)

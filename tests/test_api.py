@@ -219,3 +219,17 @@ def test_a_huge_photos_faces_come_in_its_own_pixels(tiny, tmp_path):
     assert np.abs(r.landmarks - (small.landmarks * 4 + [3000, 2000])).max() < 40
     (boxed,) = tiny.upscale_faces(tmp_path / "big.jpg", boxes=[r.box], **FAST)
     assert np.allclose(boxed.box, r.box)
+
+
+def test_the_default_block_size_is_the_same_everywhere():
+    """The batch command, the API and the demo start from decoding.DEFAULT_K (the fastest blockwise
+    setting measured), which upscale.Config and the API cannot import (it loads torch)."""
+    import inspect
+
+    from sr_blockwise.decoding import DEFAULT_K
+    from sr_blockwise.live import page_defaults
+    from sr_blockwise.upscale import Config
+    assert Config.k == DEFAULT_K
+    for method in (Upscaler.options, Upscaler.upscale):
+        assert inspect.signature(method).parameters["k"].default == DEFAULT_K
+    assert page_defaults(Upscaler("cpu-finetuned").model)[0] == DEFAULT_K

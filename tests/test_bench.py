@@ -4,7 +4,7 @@ import torch
 
 from conftest import make_tiny
 from sr_blockwise import engine
-from sr_blockwise.bench import call_breakdown, call_cost_table, decode_table, train_throughput
+from sr_blockwise.bench import call_breakdown, call_cost_table, decode_table, time_call, train_throughput
 
 
 def test_oracle_accepts_k_per_call_and_tables_are_complete():
@@ -20,9 +20,21 @@ def test_oracle_accepts_k_per_call_and_tables_are_complete():
         (e, b, n) for e in ("native", "torch") for b in (1, 2) for n in (1, 3)]
     assert all(r["ms"] > 0 for r in cost)
     parts = call_breakdown(m, 4, batches=(1,), reps=2)[0]
-    stages = [parts[f"{n}_ms"] for n in engine.STAGES]
-    assert all(ms >= 0 for ms in stages) and parts["draft_ms"] > 0 and parts["self_att_ms"] > 0
-    assert abs(sum(stages) + parts["host_ms"] - parts["call_ms"]) < 1e-6
+    assert set(parts) == {"batch", "k", "call_ms", "host_ms", *[f"{n}_ms" for n in engine.STAGES]}
+
+
+def test_every_stage_of_a_call_is_timed_and_only_when_asked():
+    """An oracle k=4 call runs every stage, so each gets cycles; without drafting the draft stage
+    gets almost none; a batch that was not asked keeps no counts."""
+    m = make_tiny(0).for_inference(torch.float32)
+    with_draft, without = [], []
+    time_call(m, 4, 2, reps=3, stage_ticks=with_draft)
+    time_call(m, 4, 2, reps=3, propose=False, stage_ticks=without)
+    assert (with_draft[0] > 0).all(), dict(zip(engine.STAGES, with_draft[0].tolist()))
+    draft = engine.STAGES.index("draft")
+    assert without[0][draft] < 0.2 * with_draft[0][draft]
+    b = engine.Batch(m, torch.zeros(1, 192, dtype=torch.int64), 2)
+    assert not b.struct.stage_ticks  # a null pointer: nothing counted
 
 
 def test_train_throughput_counts_flops():

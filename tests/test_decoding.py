@@ -235,6 +235,21 @@ def test_speculative_rule_gives_tokens_distributed_as_p(temperature):
     assert 0.1 < (n == 2).double().mean() < 0.9  # both branches were exercised
 
 
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
+@pytest.mark.parametrize("k, T", [(4, 1.0), (4, 0.8), (6, 0.5)])
+def test_native_sampling_draws_what_the_torch_engine_draws(k, T):
+    """The engines share the noise tables and the rule (speculative acceptance, the residual after a
+    rejection), so on a small float32 model, whose logits the two compute alike to ~1e-6, they
+    draw the same samples with the same blocks (no near-tie flips on these seeds)."""
+    m = make_tiny(9).for_inference(torch.float32)
+    lr = np.random.default_rng(9).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    opts = DecodeOptions(k=k, temperature=T, seed=3)
+    a, b = decode(m, lr, opts, engine="native"), decode(m, lr, opts, engine="torch")
+    np.testing.assert_array_equal(a.images, b.images)
+    assert [s.block_hist for s in a.stats] == [s.block_hist for s in b.stats]
+    assert all(1.1 < s.mean_block < k for s in a.stats)  # drafts both kept and rejected
+
+
 @pytest.mark.parametrize("engine", [NATIVE, "torch"])
 def test_speculative_sampling_matches_plain_sampling(setup64, engine):
     """k > 1 sampling: drafts are accepted (blocks > 1), the samples are as likely under the

@@ -113,6 +113,7 @@ def test_drafted_blocks_are_the_torch_heads_proposals():
 
 
 def test_the_engine_refuses_models_it_does_not_run():
+    assert "multiple of 32" in engine.supports(ImageTransformerSR(preset("tiny", block_len=48)))
     m = ImageTransformerSR(preset("tiny", head1="layer"))
     assert "head1" in engine.supports(m)
     with pytest.raises(ValueError, match="head1"):
