@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from .. import metrics
 from ..checkpoints import load_model, read_card, resolve, sha256_of
+from ..cli.export import portable_path  # results name no folder of the machine that made them
 from ..data import DEFAULT_DATA, downsample_8, load_faces, to_tokens
 from ..decoding import DecodeOptions, decode, exact_block_stats, greedy_uncached, pooled_block_hist
 from ..model import SEQ_LEN
@@ -24,12 +25,6 @@ from .records import PAPER_PEAK, PAPER_TABLE2, SCHEMA, SCHEMA_VERSION, new_recor
 from .report import _write_outputs
 from .store import DecodeStore, join_batches, write_json
 
-
-
-def _portable(path) -> str:
-    """A path as the results record it: relative to the working directory (the repository root,
-    where the commands run), so that a report names no machine's folders."""
-    return os.path.relpath(path) if os.path.isabs(str(path)) else str(path)
 
 def machine_info(device: str) -> dict:
     cpu = platform.processor() or platform.machine()
@@ -205,7 +200,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     result = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "complete": False,
         "created": None, "command": cfg.command(), "machine": machine_info(cfg.device),
-        "data": {"path": _portable(data_path), "split": "test", "first": first, "n_images": n,
+        "data": {"path": portable_path(data_path), "split": "test", "first": first, "n_images": n,
                  "split_size": len(faces), "first_images": faces.names[first:first + 3]},
         "settings": {"ks": ks, "modes": [m.name for m in modes], "batch_size": cfg.batch_size,
                      "dtype": cfg.dtype, "device": cfg.device, "psnr": dict(metrics.PSNR_SETTINGS),
@@ -374,7 +369,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         for rec in records:
             if rec["weights"] == name:
                 rec["bits_per_dim"] = bpd
-        weights_info.append({"name": name, "path": _portable(path), "variant": variant, "config": card["config"],
+        weights_info.append({"name": name, "path": portable_path(path), "variant": variant, "config": card["config"],
                              "meta": card.get("meta", {}), "bits_per_dim": bpd, "uncached_timing": unc})
     bar.close()
     result["machine"]["load_average_end"] = _loadavg()
