@@ -6,40 +6,13 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
 
 static const int K = 512, N = 128;
-
-template <class F> static double best_ns(F f, int reps = 20000) {
-    double best = 1e18;
-    for (int i = 0; i < reps; i++) {
-        auto t0 = std::chrono::steady_clock::now();
-        f();
-        best = std::min(best, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-}
-
-template <int NR, int NC>  // engine.cpp's lin_rows: widened bf16 weights (panels of 16 columns, K x 16)
-static void fma_tile(const float* x, const uint16_t* W, float* y) {
-    __m512 acc[NR][NC] = {};
-    for (int k = 0; k < K; k++) {
-        __m512 w[NC];
-        for (int c = 0; c < NC; c++)
-            w[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(W + ((size_t)c * K + k) * 16))), 16));
-        for (int r = 0; r < NR; r++) {
-            __m512 xs = _mm512_set1_ps(x[r * K + k]);
-            for (int c = 0; c < NC; c++) acc[r][c] = _mm512_fmadd_ps(xs, w[c], acc[r][c]);
-        }
-    }
-    for (int r = 0; r < NR; r++) for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + r * N + c * 16, acc[r][c]);
-}
+#include "../engine_kernel.h"  // fma_tile, best_ns
 
 struct TileCfg { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
 
@@ -73,11 +46,11 @@ int main() {
     Aligned<uint16_t> xb(16 * K, 0x3f00), W(K * N, 0x3e80);
     const double flop1 = 2.0 * K * N;
     printf("| y = x @ W, K %d, N %d, 1 thread | ns | GFLOP/s |\n|---|---|---|\n", K, N);
-    double f1 = best_ns([&] { fma_tile<1, 4>(x.data(), W.data(), y.data()); fma_tile<1, 4>(x.data(), W.data() + 4 * K * 16, y.data() + 64); });
+    double f1 = best_ns([&] { fma_tile<1, 4>(x.data(), W.data(), y.data(), N); fma_tile<1, 4>(x.data(), W.data() + 4 * K * 16, y.data() + 64, N); });
     printf("| 1 row, float32 multiply-adds (1 x 64 tiles) | %.0f | %.0f |\n", f1, flop1 / f1);
-    double f7 = best_ns([&] { for (int c = 0; c < N / 32; c++) fma_tile<7, 2>(x.data(), W.data() + (size_t)c * 2 * K * 16, y.data() + c * 32); });
+    double f7 = best_ns([&] { for (int c = 0; c < N / 32; c++) fma_tile<7, 2>(x.data(), W.data() + (size_t)c * 2 * K * 16, y.data() + c * 32, N); });
     printf("| 7 rows, float32 multiply-adds (8 x 32 tiles) | %.0f | %.0f |\n", f7, 7 * flop1 / f7);
-    double f16 = best_ns([&] { for (int r = 0; r < 16; r += 8) for (int c = 0; c < N / 32; c++) fma_tile<8, 2>(x.data() + r * K, W.data() + (size_t)c * 2 * K * 16, y.data() + r * N + c * 32); });
+    double f16 = best_ns([&] { for (int r = 0; r < 16; r += 8) for (int c = 0; c < N / 32; c++) fma_tile<8, 2>(x.data() + r * K, W.data() + (size_t)c * 2 * K * 16, y.data() + r * N + c * 32, N); });
     printf("| 16 rows, float32 multiply-adds (8 x 32 tiles) | %.0f | %.0f |\n", f16, 16 * flop1 / f16);
     if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */)) {
         printf("\nAMX: the kernel does not grant tile data here\n");

@@ -4,30 +4,13 @@
 // lin_rows, and a bare loop of 16 independent instructions of each kind (their throughput).
 //   g++ -O3 -march=native -std=c++17 dot_vs_fma.cpp -o dot_vs_fma && ./dot_vs_fma; rm -f dot_vs_fma
 #include <immintrin.h>
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
 static const int K = 512;
-
-template <int NR, int NC>  // engine.cpp's kernel: bf16 weights widened, float32 multiply-adds
-static void fma_tile(const float* x, const uint16_t* W, float* y) {
-    __m512 acc[NR][NC] = {};
-    for (int k = 0; k < K; k++) {
-        __m512 w[NC];
-        for (int c = 0; c < NC; c++)
-            w[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(W + (c * K + k) * 16))), 16));
-        for (int r = 0; r < NR; r++) {
-            __m512 xs = _mm512_set1_ps(x[r * K + k]);
-            for (int c = 0; c < NC; c++) acc[r][c] = _mm512_fmadd_ps(xs, w[c], acc[r][c]);
-        }
-    }
-    for (int r = 0; r < NR; r++) for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + (r * NC + c) * 16, acc[r][c]);
-}
+#include "../engine_kernel.h"  // fma_tile, best_ns
 
 template <int NR, int NC>  // bf16 inputs in pairs, vdpbf16ps: 32 multiply-adds an instruction
 static void dot_tile(const uint16_t* x, const uint16_t* W, float* y) {
@@ -45,20 +28,10 @@ static void dot_tile(const uint16_t* x, const uint16_t* W, float* y) {
     for (int r = 0; r < NR; r++) for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + (r * NC + c) * 16, acc[r][c]);
 }
 
-template <class F> static double best_ns(F f, int reps = 20000) {
-    double best = 1e18;
-    for (int i = 0; i < reps; i++) {
-        auto t0 = std::chrono::steady_clock::now();
-        f();
-        best = std::min(best, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-}
-
 template <int NR, int NC> static void tile_row() {
     std::vector<float> x(NR * K, 0.5f), y(NR * NC * 16);
     std::vector<uint16_t> xb(NR * K, 0x3f00), W(NC * K * 16, 0x3e80);
-    double f = best_ns([&] { fma_tile<NR, NC>(x.data(), W.data(), y.data()); });
+    double f = best_ns([&] { fma_tile<NR, NC>(x.data(), W.data(), y.data(), NC * 16); });
     double d = best_ns([&] { dot_tile<NR, NC>(xb.data(), W.data(), y.data()); });
     double flop = 2.0 * NR * NC * 16 * K;
     printf("| tile %dx%d | %.0f | %.0f | %.0f | %.0f | %.2f |\n", NR, NC, f, flop / f, d, flop / d, f / d);
