@@ -49,11 +49,13 @@ static const int MAXK = 16; // tokens per call at most
 // A weight matrix W (rows = inputs, columns = outputs) in panels of 16 columns, each panel rows x
 // 16 contiguous: a tile of rows streams a few panels front to back (a prefetcher's easy case).
 // Float32, or bfloat16 where every entry is a bfloat16 value already (weights trained in bf16 and
-// exported at full precision): the same numbers in half the bytes.
+// exported at full precision): the same numbers in half the bytes. Bfloat16 panels go in pairs,
+// interleaved: input k of the pair is 32 values, column j of the first panel, then of the second,
+// so one 64-byte load and one instruction a panel widen them (see lin_rows).
 struct Mat {
     const void* p;
     int bf16, rows;
-    Mat at(int col) const {  // the matrix from column `col` (a multiple of 16) on
+    Mat at(int col) const {  // the matrix from column `col` (a multiple of 32) on
         return {(const char*)p + (size_t)(col / 16) * rows * 16 * (bf16 ? 2 : 4), bf16, rows};
     }
 };
@@ -131,19 +133,34 @@ static inline void put(uint16_t* p, float x) {
 }
 
 // y[r, 0:16*NC] = b + x[r, 0:K] @ W[0:K, 0:16*NC] for NR rows (W: NC panels, `panel` elements
-// apart). Each output is accumulated over k in order, one multiply-add at a time, so a row's result
-// does not depend on the rows beside it, on NR or on NC (the tiles only share the weight loads).
-// Bfloat16 weights are widened, not multiplied with the processor's bf16 dot product: on the
-// machine this was measured on, that instruction did half the float32 multiply-add rate
-// (experiments/bf16-dot-products/).
+// apart; odd: a lone bf16 panel that is the second of its pair). Each output is accumulated over k
+// in order, one multiply-add at a time, so a row's result does not depend on the rows beside it,
+// on NR or on NC (the tiles only share the weight loads). Bfloat16 weights are widened, not
+// multiplied with the processor's bf16 dot product: on the machine this was measured on, that
+// instruction did half the float32 multiply-add rate (experiments/bf16-dot-products/). A pair of
+// bf16 panels is one load: as 16 32-bit lanes, lane j holds column j of the first panel in its
+// low half and of the second in its high half, so `<< 16` gives the first panel's floats and
+// masking the low half off the second's (one instruction each; widening each 16 values by
+// zero-extension and a shift took two, as many as the multiply-adds of a 1-row product).
 template <int NR, int NC, typename WT>
-static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K) {
+static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K,
+                     int odd) {
     v16 acc[NR][NC];
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) acc[r][c] = b ? ld(b + 16 * c) : splat(0.f);
     for (int k = 0; k < K; k++) {
         v16 w[NC];
-        for (int c = 0; c < NC; c++) w[c] = ld_wide(W + c * panel + (size_t)k * 16);
+        if constexpr (sizeof(WT) == 2) {
+            const __m512i hi_half = _mm512_set1_epi32((int)0xffff0000u);
+            for (int c = 0; c < NC; c += 2) {
+                __m512i u = _mm512_loadu_si512(W + c * panel + (size_t)k * 32);
+                if (NC == 1 && odd) w[c] = (v16)_mm512_castsi512_ps(_mm512_and_si512(u, hi_half));
+                else w[c] = (v16)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+                if (c + 1 < NC) w[c + 1] = (v16)_mm512_castsi512_ps(_mm512_and_si512(u, hi_half));
+            }
+        } else {
+            for (int c = 0; c < NC; c++) w[c] = ld(W + c * panel + (size_t)k * 16);
+        }
         for (int r = 0; r < NR; r++) {
             v16 xs = splat(x[(size_t)r * ldx + k]);
             for (int c = 0; c < NC; c++) acc[r][c] += xs * w[c];
@@ -155,19 +172,21 @@ static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const f
 
 // the last m < M + 1 rows of a column block (the tile of exactly m rows)
 template <int M, int NC, typename WT>
-static void lin_rest(int m, const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K) {
+static void lin_rest(int m, const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy,
+                     int K, int odd) {
     if constexpr (M >= 1) {
-        if (m == M) lin_rows<M, NC>(x, ldx, W, panel, b, y, ldy, K);
-        else lin_rest<M - 1, NC>(m, x, ldx, W, panel, b, y, ldy, K);
+        if (m == M) lin_rows<M, NC>(x, ldx, W, panel, b, y, ldy, K, odd);
+        else lin_rest<M - 1, NC>(m, x, ldx, W, panel, b, y, ldy, K, odd);
     }
 }
 
 // n rows through one column block of NC panels: tiles of RT rows, then the rest
 template <int RT, int NC, typename WT>
-static void lin_block(const float* x, int ldx, int n, const WT* W, size_t panel, const float* b, float* y, int ldy, int K) {
+static void lin_block(const float* x, int ldx, int n, const WT* W, size_t panel, const float* b, float* y, int ldy,
+                      int K, int odd = 0) {
     int r = 0;
-    for (; r + RT <= n; r += RT) lin_rows<RT, NC>(x + (size_t)r * ldx, ldx, W, panel, b, y + (size_t)r * ldy, ldy, K);
-    lin_rest<RT - 1, NC>(n - r, x + (size_t)r * ldx, ldx, W, panel, b, y + (size_t)r * ldy, ldy, K);
+    for (; r + RT <= n; r += RT) lin_rows<RT, NC>(x + (size_t)r * ldx, ldx, W, panel, b, y + (size_t)r * ldy, ldy, K, odd);
+    lin_rest<RT - 1, NC>(n - r, x + (size_t)r * ldx, ldx, W, panel, b, y + (size_t)r * ldy, ldy, K, odd);
 }
 
 // y = b + x W[0:K, 0:N] for n rows, all rows through one column block before the next (the block
@@ -182,10 +201,11 @@ static void linear_t(const float* x, int ldx, int n, const WT* W, size_t panel, 
     #pragma omp for schedule(static) nowait
     for (int blk = 0; blk < nb; blk++) {
         int j0 = blk < nw ? cw * blk : cw * nw + 16 * (blk - nw);
-        const WT* Wj = W + (j0 / 16) * panel;
+        const int odd = sizeof(WT) == 2 && (j0 / 16) % 2;  // the second panel of a bf16 pair
+        const WT* Wj = W + (j0 / 16 - odd) * panel;
         const float* bj = b ? b + j0 : nullptr;
         float* yj = y + j0;
-        if (blk >= nw) lin_block<8, 1>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
+        if (blk >= nw) lin_block<8, 1>(x, ldx, n, Wj, panel, bj, yj, ldy, K, odd);
         else if (cw == 64) lin_block<4, 4>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
         else lin_block<8, 2>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
     }
@@ -392,22 +412,26 @@ static void attention(const Engine* E, int m, const int* imgs, int n, const int*
     else attention<float>(E, m, imgs, n, pos0, q, ldq, keys, values, n_keys, local, out, scores);
 }
 
-// the K/V of the R rows of qkv (row r: token r % n of image imgs[r / n]) into their ring slots of
-// layer li's caches. Team call.
+// the K/V of the n rows of each of m images in qkv (row i * n + j: token j of image imgs[i]) into
+// their ring slots of layer li's caches. Team call, shared out by image and attention head: a
+// keys tile holds 32 positions side by side, so threads writing different tokens of one head
+// would write into the same cache lines (at 2 threads a 2-token call's writes took 3.6x as long).
 template <typename KV>
 static void write_kv(const Engine* E, int li, int m, const int* imgs, int n, const int* pos0, const float* qkv) {
-    const int d = E->d, CL = E->cache_len, hd = d / E->H;
+    const int d = E->d, CL = E->cache_len, H = E->H, hd = d / H;
     #pragma omp for schedule(static)
-    for (int r = 0; r < m * n; r++) {
-        int i = r / n, b = imgs[i], slot = (pos0[i] + r % n) % (3 * E->L);
-        const float *k = qkv + (size_t)r * 3 * d + d, *v = k + d;
-        for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L)  // slots < L also at +3L
-            for (int h = 0; h < E->H; h++) {
-                const size_t head = ((size_t)b * E->H + h) * CL * hd;
+    for (int ih = 0; ih < m * H; ih++) {
+        const int i = ih / H, h = ih % H, b = imgs[i];
+        const size_t head = ((size_t)b * H + h) * CL * hd;
+        for (int j = 0; j < n; j++) {
+            const int slot = (pos0[i] + j) % (3 * E->L);
+            const float *k = qkv + ((size_t)i * n + j) * 3 * d + d + h * hd, *v = k + d;
+            for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L) {  // slots < L also at +3L
                 KV* Kt = (KV*)E->k_cache[li] + head + (size_t)(copy & ~31) * hd + (copy & 31);
                 KV* Vr = (KV*)E->v_cache[li] + head + (size_t)copy * hd;
-                for (int e = 0; e < hd; e++) { put(Kt + e * 32, k[h * hd + e]); put(Vr + e, v[h * hd + e]); }
+                for (int e = 0; e < hd; e++) { put(Kt + e * 32, k[e]); put(Vr + e, v[e]); }
             }
+        }
     }
 }
 

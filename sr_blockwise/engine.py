@@ -140,8 +140,8 @@ def supports(model: ImageTransformerSR) -> str | None:
     cfg = model.cfg
     if cfg.head1 != "base":
         return "the native engine runs head1='base' models (p1 = the base logits)"
-    if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 16 or cfg.d_model % 16:
-        return "the native engine needs a head dimension that is a multiple of 16"
+    if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 16 or cfg.d_model % 32:
+        return "the native engine needs a head dimension that is a multiple of 16 and a width that is one of 32"
     if cfg.block_len <= MAX_TOKENS or cfg.block_len % 32:
         return (f"the native engine needs attention blocks longer than {MAX_TOKENS} tokens and a multiple of 32 "
                 "(a window starts at a block start, and keys are cached in tiles of 32)")
@@ -184,7 +184,9 @@ class Weights:
             rows, cols = t.shape
             t = t.reshape(rows, cols // 16, 16).transpose(0, 1).contiguous()
             if torch.equal(t.to(torch.bfloat16).to(torch.float32), t):
-                t = t.to(torch.bfloat16)
+                # bf16 panels in interleaved pairs (engine.cpp's Mat), a zero panel after an odd last one
+                t = torch.cat([t, t.new_zeros(len(t) % 2, rows, 16)]).reshape(-1, 2, rows, 16)
+                t = t.permute(0, 2, 3, 1).contiguous().to(torch.bfloat16)
             keep.append(t)
             return _Mat(t.data_ptr(), int(t.dtype == torch.bfloat16), rows)
 
