@@ -194,9 +194,11 @@ static void lin_block(const float* x, int ldx, int n, const WT* W, size_t panel,
 // sums a row); more: blocks of 2 panels, 8 rows a tile, so a 7-token call reads each weight once.
 // Called by a whole OpenMP team, the column blocks are shared out (orphaned `omp for`: outside a
 // parallel region it runs them all). N a multiple of 16.
+static void gelu(float* x, int n);
+
 template <typename WT>
 static void linear_t(const float* x, int ldx, int n, const WT* W, size_t panel, const float* b, float* y,
-                     int ldy, int K, int N) {
+                     int ldy, int K, int N, bool then_gelu) {
     const int cw = n <= 4 ? 64 : 32, nw = N / cw, nb = nw + (N % cw) / 16;
     #pragma omp for schedule(static) nowait
     for (int blk = 0; blk < nb; blk++) {
@@ -208,17 +210,47 @@ static void linear_t(const float* x, int ldx, int n, const WT* W, size_t panel, 
         if (blk >= nw) lin_block<8, 1>(x, ldx, n, Wj, panel, bj, yj, ldy, K, odd);
         else if (cw == 64) lin_block<4, 4>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
         else lin_block<8, 2>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
+        if (then_gelu)  // the thread that made the columns applies the activation: no barrier between
+            for (int r = 0; r < n; r++) gelu(yj + (size_t)r * ldy, blk < nw ? cw : 16);
     }
 }
 // the team's share of y's columns, without waiting for the rest of the team
-static void linear_nowait(const float* x, int ldx, int n, Mat W, const float* b, float* y, int ldy, int K, int N) {
+// (then_gelu: y = GELU(b + x W))
+static void linear_nowait(const float* x, int ldx, int n, Mat W, const float* b, float* y, int ldy, int K, int N,
+                          bool then_gelu = false) {
     const size_t panel = (size_t)W.rows * 16;
-    if (W.bf16) linear_t(x, ldx, n, (const uint16_t*)W.p, panel, b, y, ldy, K, N);
-    else linear_t(x, ldx, n, (const float*)W.p, panel, b, y, ldy, K, N);
+    if (W.bf16) linear_t(x, ldx, n, (const uint16_t*)W.p, panel, b, y, ldy, K, N, then_gelu);
+    else linear_t(x, ldx, n, (const float*)W.p, panel, b, y, ldy, K, N, then_gelu);
 }
-static void linear(const float* x, int ldx, int n, Mat W, const float* b, float* y, int ldy, int K, int N) {
-    linear_nowait(x, ldx, n, W, b, y, ldy, K, N);
+static void linear(const float* x, int ldx, int n, Mat W, const float* b, float* y, int ldy, int K, int N,
+                   bool then_gelu = false) {
+    linear_nowait(x, ldx, n, W, b, y, ldy, K, N, then_gelu);
     #pragma omp barrier
+}
+
+// columns [c0, c0 + nc) of y = b + x W for n rows, on the calling thread alone (c0 and nc
+// multiples of 16): the same sums as linear's
+template <typename WT>
+static void lin_cols_t(const float* x, int ldx, int n, const WT* W, size_t panel, int c0, int nc, const float* b,
+                       float* y, int ldy, int K) {
+    for (int j0 = c0; j0 < c0 + nc;) {
+        const int odd = sizeof(WT) == 2 && (j0 / 16) % 2;
+        const WT* Wj = W + (j0 / 16 - odd) * panel;
+        const float* bj = b ? b + j0 : nullptr;
+        if (!odd && j0 + 32 <= c0 + nc) {
+            if (n <= 4) lin_block<4, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
+            else lin_block<8, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
+            j0 += 32;
+        } else {
+            lin_block<8, 1>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K, odd);
+            j0 += 16;
+        }
+    }
+}
+static void lin_cols(const float* x, int ldx, int n, Mat W, int c0, int nc, const float* b, float* y, int ldy, int K) {
+    const size_t panel = (size_t)W.rows * 16;
+    if (W.bf16) lin_cols_t(x, ldx, n, (const uint16_t*)W.p, panel, c0, nc, b, y, ldy, K);
+    else lin_cols_t(x, ldx, n, (const float*)W.p, panel, c0, nc, b, y, ldy, K);
 }
 
 // the sums over 16 lanes (i mod 16), then across the lanes in a fixed tree; d % 16 == 0
@@ -363,142 +395,213 @@ static void attend(const float* q, int ldq, int n, const int* lo, const int* hi,
 // ---------------------------------------------------------------- the decoder step
 
 // The workspace: rows of every image of the batch, image-major (row = image index * n + token).
-struct Work { float *x, *xn, *qkv, *att, *hid, *h, *z, *pre; };
+// dl: what a layer adds to the residual stream x.
+struct Work { float *x, *xn, *qkv, *att, *hid, *h, *z, *dl, *pre; };
 static Work work_of(const Engine* E) {
     const size_t R = (size_t)E->B * MAXK, d = E->d;
     float* p = E->work;
     Work w;
     w.x = p; p += R * d; w.xn = p; p += R * d; w.qkv = p; p += R * 3 * d; w.att = p; p += R * d;
-    w.hid = p; p += R * E->ff; w.h = p; p += R * d; w.z = p; p += R * V;
+    w.hid = p; p += R * E->ff; w.h = p; p += R * d; w.z = p; p += R * V; w.dl = p; p += R * d;
     w.pre = p;
     return w;
 }
 extern "C" size_t engine_work_floats(int B, int d, int ff, int f) {
-    return (size_t)B * MAXK * (7 * d + ff + V + f);
+    return (size_t)B * MAXK * (8 * d + ff + V + f);
 }
 
-static float* scores_buffer(const Engine* E) {  // one per thread: 8 queries' scores
-    return (float*)std::malloc(8 * (2 * E->L + E->n_src + 64) * sizeof(float));
-}
+// The residual stream's rows a thread works on: x, its normalized copy xn, and the decoder's final
+// states h. A call with up to OWN_ROWS rows gives every thread a copy of its own and every thread
+// computes every row's norms: the same operations, but no barrier and no rows fetched from the
+// other core's cache after each norm (batch 1, 2 threads: a 1-token call 0.061 -> 0.056 ms).
+// Thread 0's copy is the team's buffers, so a call leaves the whole of h in w.h.
+static const int OWN_ROWS = 8;
+struct Stream { float *x, *xn, *h; bool own; };
 
-// Attention of the n queries (rows of q, stride ldq) of each of m images over that image's keys
-// and values, per head: keys (H, keys / 32, hd, 32) and values (H, keys, hd) an image (see
-// attend_group), one image and head per work item of the team. local: the
-// decoder's self-attention, where query p reads keys from the start of the previous attention
+// a thread's buffers for a call: 8 queries' attention scores, and its own copy of the stream
+struct ThreadBuf {
+    float *scores, *own;
+    int d;
+    explicit ThreadBuf(const Engine* E) : d(E->d) {
+        const size_t n_scores = (8 * (2 * (size_t)E->L + E->n_src + 64) + 15) & ~(size_t)15;
+        scores = (float*)std::aligned_alloc(64, (n_scores + 3 * OWN_ROWS * (size_t)d) * sizeof(float));
+        own = scores + n_scores;
+    }
+    ~ThreadBuf() { std::free(scores); }
+    ThreadBuf(const ThreadBuf&) = delete;
+    Stream stream(const Work& w, int R) const {
+        if (R > OWN_ROWS) return {w.x, w.xn, w.h, false};
+        if (omp_get_thread_num() == 0) return {w.x, w.xn, w.h, true};
+        const size_t rows = (size_t)OWN_ROWS * d;
+        return {own, own + rows, own + 2 * rows, true};
+    }
+};
+
+// Head h's attention for the n queries (rows of q, stride ldq) of an image b over its keys and
+// values: keys (H, keys / 32, hd, 32) and values (H, keys, hd) an image (see attend_group). local:
+// the decoder's self-attention, where query p reads keys from the start of the previous attention
 // block to p, from the KV ring (see Engine); otherwise every key (cross-attention to the encoder).
 template <typename KV>
-static void attention(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* q, int ldq,
-                      const void* keys, const void* values, int n_keys, bool local, float* out, float* scores) {
-    const KV *KT = (const KV*)keys, *Vv = (const KV*)values;
-    const int d = E->d, H = E->H, L = E->L;
-    #pragma omp for schedule(static)
-    for (int ih = 0; ih < m * H; ih++) {
-        int i = ih / H, h = ih % H, b = imgs[i], lo[MAXK], hi[MAXK];
-        for (int j = 0; j < n; j++) {  // a window in the ring: its start's slot, then in order
-            int p = pos0[i] + j, l = (p / L - 1) * L;
-            l = l < 0 ? 0 : l;
-            lo[j] = local ? l % (3 * L) : 0;
-            hi[j] = local ? lo[j] + (p - l) : n_keys - 1;
+static void attend_head(const Engine* E, int b, int h, int n, int pos0, const float* q, int ldq, const void* keys,
+                        const void* values, int n_keys, bool local, float* out, float* scores) {
+    const int d = E->d, H = E->H, L = E->L, hd = d / H;
+    int lo[MAXK], hi[MAXK];
+    for (int j = 0; j < n; j++) {  // a window in the ring: its start's slot, then in order
+        int p = pos0 + j, l = (p / L - 1) * L;
+        l = l < 0 ? 0 : l;
+        lo[j] = local ? l % (3 * L) : 0;
+        hi[j] = local ? lo[j] + (p - l) : n_keys - 1;
+    }
+    const size_t head = ((size_t)b * H + h) * n_keys * hd;
+    attend(q + h * hd, ldq, n, lo, hi, (const KV*)keys + head, (const KV*)values + head, hd, out + h * hd, d, scores);
+}
+
+// head h's keys and values of n tokens of image b (rows of qkv, 3d apart) into their ring slots of
+// layer li's caches
+template <typename KV>
+static void write_kv(const Engine* E, int li, int b, int h, int n, int pos0, const float* qkv) {
+    const int d = E->d, CL = E->cache_len, H = E->H, hd = d / H;
+    const size_t head = ((size_t)b * H + h) * CL * hd;
+    for (int j = 0; j < n; j++) {
+        const int slot = (pos0 + j) % (3 * E->L);
+        const float *k = qkv + (size_t)j * 3 * d + d + h * hd, *v = k + d;
+        for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L) {  // slots < L also at +3L
+            KV* Kt = (KV*)E->k_cache[li] + head + (size_t)(copy & ~31) * hd + (copy & 31);
+            KV* Vr = (KV*)E->v_cache[li] + head + (size_t)copy * hd;
+            for (int e = 0; e < hd; e++) { put(Kt + e * 32, k[e]); put(Vr + e, v[e]); }
         }
-        const size_t head = ((size_t)b * H + h) * n_keys * (d / H);
-        attend(q + (size_t)i * n * ldq + h * (d / H), ldq, n, lo, hi, KT + head, Vv + head, d / H,
-               out + (size_t)i * n * d + h * (d / H), d, scores);
     }
 }
 
-static void attention(const Engine* E, int m, const int* imgs, int n, const int* pos0, const float* q, int ldq,
-                      const void* keys, const void* values, int n_keys, bool local, float* out, float* scores) {
-    if (E->kv_bf16) attention<uint16_t>(E, m, imgs, n, pos0, q, ldq, keys, values, n_keys, local, out, scores);
-    else attention<float>(E, m, imgs, n, pos0, q, ldq, keys, values, n_keys, local, out, scores);
-}
-
-// the K/V of the n rows of each of m images in qkv (row i * n + j: token j of image imgs[i]) into
-// their ring slots of layer li's caches. Team call, shared out by image and attention head: a
-// keys tile holds 32 positions side by side, so threads writing different tokens of one head
-// would write into the same cache lines (at 2 threads a 2-token call's writes took 3.6x as long).
+// A layer's self-attention for n tokens of each of m images (rows of s.xn), into w.att: the QKV
+// product, each head's keys and values into the cache, and each head's attention, one (image,
+// head) a work item of the team. A keys tile holds 32 positions side by side, so the writes go by
+// head, not by token (two threads writing two tokens of one head wrote into the same cache lines:
+// a 2-token call's writes took 3.6x as long at 2 threads). Where every thread holds the whole
+// stream (s.own), a work item makes its own head's queries, keys and values too (its columns of
+// the QKV product, the same sums): no barrier, and no QKV rows from the other core. Team call.
 template <typename KV>
-static void write_kv(const Engine* E, int li, int m, const int* imgs, int n, const int* pos0, const float* qkv) {
-    const int d = E->d, CL = E->cache_len, H = E->H, hd = d / H;
+static void self_attention(const Engine* E, int li, int m, const int* imgs, int n, const int* pos0, const Stream& s,
+                           const Work& w, float* scores) {
+    const Layer& Ly = E->layers[li];
+    const int d = E->d, H = E->H, hd = d / H;
+    if (!s.own) {
+        linear(s.xn, d, m * n, Ly.qkv_w, Ly.qkv_b, w.qkv, 3 * d, d, 3 * d);
+        mark(E, ST_QKV);
+    }
     #pragma omp for schedule(static)
     for (int ih = 0; ih < m * H; ih++) {
         const int i = ih / H, h = ih % H, b = imgs[i];
-        const size_t head = ((size_t)b * H + h) * CL * hd;
-        for (int j = 0; j < n; j++) {
-            const int slot = (pos0[i] + j) % (3 * E->L);
-            const float *k = qkv + ((size_t)i * n + j) * 3 * d + d + h * hd, *v = k + d;
-            for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L) {  // slots < L also at +3L
-                KV* Kt = (KV*)E->k_cache[li] + head + (size_t)(copy & ~31) * hd + (copy & 31);
-                KV* Vr = (KV*)E->v_cache[li] + head + (size_t)copy * hd;
-                for (int e = 0; e < hd; e++) { put(Kt + e * 32, k[e]); put(Vr + e, v[e]); }
-            }
+        float* qkv = w.qkv + (size_t)i * n * 3 * d;
+        if (s.own) {
+            for (int part = 0; part < 3; part++)  // the head's queries, keys, values
+                lin_cols(s.xn + (size_t)i * n * d, d, n, Ly.qkv_w, part * d + h * hd, hd, Ly.qkv_b, qkv, 3 * d, d);
+            mark(E, ST_QKV);
         }
+        write_kv<KV>(E, li, b, h, n, pos0[i], qkv);
+        mark(E, ST_KV_WRITE);
+        attend_head<KV>(E, b, h, n, pos0[i], qkv, 3 * d, E->k_cache[li], E->v_cache[li], E->cache_len, true,
+                        w.att + (size_t)i * n * d, scores);
+        mark(E, ST_SELF_ATT);
     }
+    mark(E, ST_SELF_ATT);
 }
 
-// x += delta, then out = LayerNorm(x), for R rows of d (delta and out may be the same buffer).
-// Team call.
-static void residual_norm(int R, int d, float* x, const float* delta, const float* ln_w, const float* ln_b, float* out) {
+// A layer's cross-attention to the encoder for n tokens of each of m images (rows of s.xn), into
+// w.att: the query product, then each (image, head)'s attention; as self_attention, a work item
+// makes its own head's queries where every thread holds the whole stream. Team call.
+template <typename KV>
+static void cross_attention(const Engine* E, int li, int m, const int* imgs, int n, const int* pos0, const Stream& s,
+                            const Work& w, float* scores) {
+    const Layer& Ly = E->layers[li];
+    const int d = E->d, H = E->H, hd = d / H;
+    if (!s.own) {
+        linear(s.xn, d, m * n, Ly.cq_w, Ly.cq_b, w.qkv, d, d, d);
+        mark(E, ST_LINEAR);
+    }
     #pragma omp for schedule(static)
-    for (int r = 0; r < R; r++) {
+    for (int ih = 0; ih < m * H; ih++) {
+        const int i = ih / H, h = ih % H, b = imgs[i];
+        float* q = w.qkv + (size_t)i * n * d;
+        if (s.own) {
+            lin_cols(s.xn + (size_t)i * n * d, d, n, Ly.cq_w, h * hd, hd, Ly.cq_b, q, d, d);
+            mark(E, ST_LINEAR);
+        }
+        attend_head<KV>(E, b, h, n, pos0[i], q, d, E->enc_k[li], E->enc_v[li], E->n_src, false,
+                        w.att + (size_t)i * n * d, scores);
+        mark(E, ST_CROSS_ATT);
+    }
+    mark(E, ST_CROSS_ATT);
+}
+
+// x += delta, then out = LayerNorm(x), for R rows of d: the team shares the rows out, or (s.own)
+// every thread does them all into its own stream. Team call.
+static void residual_norm(const Stream& s, int R, int d, float* x, const float* delta, const float* ln_w,
+                          const float* ln_b, float* out) {
+    auto row = [&](int r) {
         for (int c = 0; c < d; c++) x[(size_t)r * d + c] += delta[(size_t)r * d + c];
         layer_norm(x + (size_t)r * d, ln_w, ln_b, out + (size_t)r * d, d);
+    };
+    if (s.own) {
+        for (int r = 0; r < R; r++) row(r);
+        return;
     }
+    #pragma omp for schedule(static)
+    for (int r = 0; r < R; r++) row(r);
 }
 
 // n tokens of each of m images imgs[i]: prev[i * ldp + j] is the token before position
-// pos0[i] + j (-1: the start). Writes their K/V into the caches and the final decoder states to
-// w.h (row i * n + j). Called by a whole team (or one thread).
-static void step(const Engine* E, int m, const int* imgs, int n, const int64_t* prev, int ldp,
-                 const int* pos0, const Work& w, float* scores) {
-    const int d = E->d, ff = E->ff, R = m * n, CL = E->cache_len;
+// pos0[i] + j (-1: the start). Writes their K/V into the caches and returns the final decoder
+// states (row i * n + j) as this thread's stream holds them (thread 0's: w.h). Called by a whole
+// team (or one thread).
+static const float* step(const Engine* E, int m, const int* imgs, int n, const int64_t* prev, int ldp,
+                         const int* pos0, const Work& w, const ThreadBuf& tb) {
+    const int d = E->d, ff = E->ff, R = m * n;
+    const Stream s = tb.stream(w, R);
+    float* scores = tb.scores;
     mark(E, -1);
-    #pragma omp for schedule(static)
-    for (int r = 0; r < R; r++) {
+    auto embed = [&](int r) {
         int i = r / n, j = r % n, b = imgs[i];
         int p = pos0[i] + j, pc = p < S ? p : S - 1;
         int ch = (p + 2) % 3;  // the previous token's channel
         int64_t pv = prev[(size_t)i * ldp + j];
         int idx = pv < 0 ? 3 * V : (int)pv + V * ch;
         const float *e = E->tgt_emb + (size_t)idx * d, *pe = E->pos_emb + ((size_t)b * S + pc) * d;
-        for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] = e[c] + pe[c];
+        for (int c = 0; c < d; c++) s.x[(size_t)r * d + c] = e[c] + pe[c];
+        layer_norm(s.x + (size_t)r * d, E->layers[0].ln1_w, E->layers[0].ln1_b, s.xn + (size_t)r * d, d);
+    };
+    if (s.own) {
+        for (int r = 0; r < R; r++) embed(r);
+    } else {
+        #pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) embed(r);
     }
-    #pragma omp for schedule(static)
-    for (int r = 0; r < R; r++) layer_norm(w.x + (size_t)r * d, E->layers[0].ln1_w, E->layers[0].ln1_b, w.xn + (size_t)r * d, d);
     mark(E, ST_EMBED);
     for (int li = 0; li < E->n_layers; li++) {
         const Layer& Ly = E->layers[li];
-        linear(w.xn, d, R, Ly.qkv_w, Ly.qkv_b, w.qkv, 3 * d, d, 3 * d);
-        mark(E, ST_QKV);
-        if (E->kv_bf16) write_kv<uint16_t>(E, li, m, imgs, n, pos0, w.qkv);
-        else write_kv<float>(E, li, m, imgs, n, pos0, w.qkv);
-        mark(E, ST_KV_WRITE);
-        attention(E, m, imgs, n, pos0, w.qkv, 3 * d, E->k_cache[li], E->v_cache[li], CL, true, w.att, scores);
-        mark(E, ST_SELF_ATT);
-        linear(w.att, d, R, Ly.out_w, Ly.out_b, w.xn, d, d, d);
+        if (E->kv_bf16) self_attention<uint16_t>(E, li, m, imgs, n, pos0, s, w, scores);
+        else self_attention<float>(E, li, m, imgs, n, pos0, s, w, scores);
+        linear(w.att, d, R, Ly.out_w, Ly.out_b, w.dl, d, d, d);
         mark(E, ST_LINEAR);
-        residual_norm(R, d, w.x, w.xn, Ly.ln2_w, Ly.ln2_b, w.xn);
+        residual_norm(s, R, d, s.x, w.dl, Ly.ln2_w, Ly.ln2_b, s.xn);
         mark(E, ST_NORM_GELU);
-        linear(w.xn, d, R, Ly.cq_w, Ly.cq_b, w.qkv, d, d, d);
+        if (E->kv_bf16) cross_attention<uint16_t>(E, li, m, imgs, n, pos0, s, w, scores);
+        else cross_attention<float>(E, li, m, imgs, n, pos0, s, w, scores);
+        linear(w.att, d, R, Ly.cout_w, Ly.cout_b, w.dl, d, d, d);
         mark(E, ST_LINEAR);
-        attention(E, m, imgs, n, pos0, w.qkv, d, E->enc_k[li], E->enc_v[li], E->n_src, false, w.att, scores);
-        mark(E, ST_CROSS_ATT);
-        linear(w.att, d, R, Ly.cout_w, Ly.cout_b, w.xn, d, d, d);
-        mark(E, ST_LINEAR);
-        residual_norm(R, d, w.x, w.xn, Ly.ln3_w, Ly.ln3_b, w.xn);
+        residual_norm(s, R, d, s.x, w.dl, Ly.ln3_w, Ly.ln3_b, s.xn);
         mark(E, ST_NORM_GELU);
-        linear(w.xn, d, R, Ly.up_w, Ly.up_b, w.hid, ff, d, ff);
+        linear(s.xn, d, R, Ly.up_w, Ly.up_b, w.hid, ff, d, ff, true);
         mark(E, ST_LINEAR);
-        #pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) gelu(w.hid + (size_t)r * ff, ff);
-        mark(E, ST_NORM_GELU);
-        linear(w.hid, ff, R, Ly.down_w, Ly.down_b, w.xn, d, ff, d);
+        linear(w.hid, ff, R, Ly.down_w, Ly.down_b, w.dl, d, ff, d);
         mark(E, ST_LINEAR);
         if (li + 1 < E->n_layers)  // the next layer's first norm, or the decoder's final one
-            residual_norm(R, d, w.x, w.xn, E->layers[li + 1].ln1_w, E->layers[li + 1].ln1_b, w.xn);
+            residual_norm(s, R, d, s.x, w.dl, E->layers[li + 1].ln1_w, E->layers[li + 1].ln1_b, s.xn);
         else
-            residual_norm(R, d, w.x, w.xn, E->dec_ln_w, E->dec_ln_b, w.h);
+            residual_norm(s, R, d, s.x, w.dl, E->dec_ln_w, E->dec_ln_b, s.h);
         mark(E, ST_NORM_GELU);
     }
+    return s.h;
 }
 
 // ---------------------------------------------------------------- logits and the heads
@@ -657,9 +760,7 @@ static void draft(const Engine* E, const Options* o, int m, const int* imgs, con
     const int kh = k < G + 1 ? k : G + 1;  // a block longer than the model's heads keeps the rest as is
     if (kh == 1) return;
     const int nh = kh - 1, P = nh * f;
-    linear(hs, d, m, E->heads_up_w, E->heads_up_b, w.pre, P, d, P);
-    #pragma omp for schedule(static)
-    for (int i = 0; i < m; i++) gelu(w.pre + (size_t)i * P, P);
+    linear(hs, d, m, E->heads_up_w, E->heads_up_b, w.pre, P, d, P, true);
     // every head's state at once (row i * nh + g: entry i, head g), in w.x and then w.xn: head g
     // reads hidden chunks 0..g (the nested matrix), plus the residual; the heads' products share
     // out the team with one barrier after the last, and p1's logits are one product for them all
@@ -726,15 +827,14 @@ extern "C" void engine_start(const Engine* E, const Options* o, int n, const int
     }
     #pragma omp parallel num_threads(E->threads)
     {
-        float* scores = scores_buffer(E);
-        step(E, n, imgs, 1, start, 1, zero, w, scores);
-        p1_logits(E, n, imgs, 1, zero, w.h, w.z);
+        const ThreadBuf tb(E);
+        const float* h = step(E, n, imgs, 1, start, 1, zero, w, tb);
+        p1_logits(E, n, imgs, 1, zero, h, w.z);
         #pragma omp for schedule(static)
         for (int i = 0; i < n; i++)
             ptrs[n + i][0] = o->rule == SAMPLE ? sample_first(E, o, imgs[i], 0, w.z + (size_t)i * V, nullptr)
                                                : argmax(w.z + (size_t)i * V);
-        draft(E, o, n, imgs, w.h, zero, ptrs, ptrs + n, w);
-        std::free(scores);
+        draft(E, o, n, imgs, h, zero, ptrs, ptrs + n, w);
     }
     std::free(imgs); std::free(start); std::free(ptrs);
 }
@@ -774,9 +874,9 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
     if (m) {
         #pragma omp parallel num_threads(E->threads)
         {
-            float* scores = scores_buffer(E);
-            step(E, m, imgs, k, pk, k, pos, w, scores);
-            p1_logits(E, m, imgs, k, pos, w.h, w.z);
+            const ThreadBuf tb(E);
+            const float* h = step(E, m, imgs, k, pk, k, pos, w, tb);
+            p1_logits(E, m, imgs, k, pos, h, w.z);
             mark(E, ST_LOGITS);
             #pragma omp for schedule(static)
             for (int i = 0; i < m; i++) {
@@ -803,14 +903,13 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
                 int b = imgs[i];
                 if (t_arr[b] >= S) continue;
                 nimg[m2] = b; npos[m2] = (int)t_arr[b];
-                std::memcpy(w.att + (size_t)m2 * d, w.h + ((size_t)i * k + acc[i] - 1) * d, d * sizeof(float));
+                std::memcpy(w.att + (size_t)m2 * d, h + ((size_t)i * k + acc[i] - 1) * d, d * sizeof(float));
                 ptrs[m2] = toks + (size_t)b * toks_len; ptrs[n + m2] = props + (size_t)b * k;
                 m2++;
             }
             mark(E, ST_ACCEPT);
             if (propose) draft(E, o, m2, nimg, w.att, npos, ptrs, ptrs + n, w);  // ends at a barrier
             mark(E, ST_DRAFT);
-            std::free(scores);
         }
     }
     std::free(ibuf); std::free(pk); std::free(ptrs);
@@ -825,10 +924,9 @@ extern "C" void engine_step(const Engine* E, int b, int n, const int64_t* prev, 
     const Work w = work_of(E);
     #pragma omp parallel num_threads(E->threads)
     {
-        float* scores = scores_buffer(E);
-        step(E, 1, &b, n, prev, n, &pos0, w, scores);
-        p1_logits(E, 1, &b, n, &pos0, w.h, w.z);
-        std::free(scores);
+        const ThreadBuf tb(E);
+        const float* hs = step(E, 1, &b, n, prev, n, &pos0, w, tb);
+        p1_logits(E, 1, &b, n, &pos0, hs, w.z);
     }
     std::memcpy(h, w.h, (size_t)n * E->d * sizeof(float));
     std::memcpy(z, w.z, (size_t)n * V * sizeof(float));
