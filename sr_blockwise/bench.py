@@ -75,7 +75,7 @@ def call_cost_table(model: ImageTransformerSR, tokens=(1, 2, 4, 7, 11), batches=
         for B in batches:
             if engine == "torch" and B > 16:
                 continue
-            r = max(3, reps // B) if engine == "native" else max(3, reps // (4 * B))
+            r = max(15, reps // B) if engine == "native" else max(3, reps // (4 * B))
             base = time_call(m, 1, B, r, engine=engine)
             for n in tokens:
                 sec = base if n == 1 else time_call(m, n, B, r, engine=engine)
@@ -93,7 +93,7 @@ def call_breakdown(model: ImageTransformerSR, k: int = 6, batches=(1, 16), reps:
     (engine.Batch.time_stages) times the median call's time less the empty call's."""
     out = []
     for B in batches:
-        r = max(3, reps // B)
+        r = max(15, reps // B)
         ticks = []
         whole = time_call(model, k, B, r, stage_ticks=ticks)
         b = native.Batch(model, torch.zeros(B, 192, dtype=torch.int64), k)
@@ -212,7 +212,7 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         prior_weight = default_prior_weight(fp32)
     model = _copy_for(fp32, getattr(torch, dtype))
     print(f"# bench-decode: {label}; {machine()}; input guidance (prior weight) {prior_weight:g}")
-    print(f"\n## Cost of one call vs tokens verified per image (median of ~{reps} calls)")
+    print(f"\n## Cost of one call vs tokens verified per image (median of max(15, {reps} / batch size) calls)")
     calls = call_cost_table(model, batches=batches, reps=reps, torch_model=model if torch_images else None)
     calls_md = print_table(calls, ["engine", "dtype", "batch", "tokens", "ms", "vs_1_token"])
     print("\n## Where a k=6 call's time goes (native engine, ms per call)")
