@@ -81,19 +81,26 @@ def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_toke
     assert torch.equal(torch.cat(states)[:T], alone)
 
 
-@pytest.mark.parametrize("bf16_weights", [False, True])
-def test_an_images_output_does_not_depend_on_its_batch(bf16_weights):
+@pytest.mark.parametrize("bf16_weights,threads", [(False, 1), (True, 1), (True, 2)])
+def test_an_images_output_does_not_depend_on_its_batch(bf16_weights, threads):
+    """threads 2: a batch of 5 goes by image (each thread decodes its own share alone), an image
+    alone goes by team (two threads share each product), with the same arithmetic."""
     m = make_tiny(5)
     m = (m.to(torch.bfloat16) if bf16_weights else m).for_inference(torch.float32)
     assert engine.packed(m).bf16 == bf16_weights
     lr = np.random.default_rng(5).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8)
-    for opts in (DecodeOptions(k=1), DecodeOptions(k=6), DecodeOptions(k=6, rule="eps", eps=2)):
-        together = decode(m, lr, opts)
-        assert together.extra["engine"] == "native"
-        for i in (0, 3):
-            alone = decode(m, lr[i:i + 1], opts)
-            assert np.array_equal(alone.images[0], together.images[i])
-            assert alone.stats[0].block_hist == together.stats[i].block_hist
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for opts in (DecodeOptions(k=1), DecodeOptions(k=6), DecodeOptions(k=6, rule="eps", eps=2)):
+            together = decode(m, lr, opts)
+            assert together.extra["engine"] == "native"
+            for i in (0, 3):
+                alone = decode(m, lr[i:i + 1], opts)
+                assert np.array_equal(alone.images[0], together.images[i])
+                assert alone.stats[0].block_hist == together.stats[i].block_hist
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_drafted_blocks_are_the_torch_heads_proposals():
