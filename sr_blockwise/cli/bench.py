@@ -3,8 +3,12 @@ from __future__ import annotations
 
 
 def cmd_bench(a):
+    import torch
+
     from ..bench import run
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
     ks = [int(k) for k in a.k.split(",")]
     batches = [int(b) for b in a.batch_size.split(",")]
     run(a.weights, a.images, batches[0], a.reps, a.json, ks, a.data, a.prior_weight, a.dtype, batches,
@@ -37,6 +41,8 @@ def register(sub):
                         "has the input prior; else 1)")
     p.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
                    help="dtype of the weights (the native engine computes in float32 either way)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads decoding runs on (0: torch's default, one per core)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("bench-train", help="training images/s and the fraction of the bf16 matmul rate")
