@@ -90,7 +90,9 @@ def call_breakdown(model: ImageTransformerSR, k: int = 6, batches=(1, 16), reps:
     (engine.STAGES: the decoder step's embedding, QKV products, KV-cache writes, self- and
     cross-attention, the other linear layers, norms and GELU; p1's logits, the acceptance rule
     and commit, the heads' drafting), each stage's share of the cycles counted in the calls
-    (engine.Batch.time_stages) times the median call's time less the empty call's."""
+    (engine.Batch.time_stages) times the median call's time less the empty call's. The first
+    thread counts the cycles: where a call goes by image (engine.IMAGES_PER_THREAD), the shares
+    are those of its own images' work."""
     out = []
     for B in batches:
         r = max(15, reps // B)
@@ -212,7 +214,8 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         prior_weight = default_prior_weight(fp32)
     model = _copy_for(fp32, getattr(torch, dtype))
     print(f"# bench-decode: {label}; {machine()}; input guidance (prior weight) {prior_weight:g}")
-    print(f"\n## Cost of one call vs tokens verified per image (median of max(15, {reps} / batch size) calls)")
+    print(f"\n## Cost of one call vs tokens verified per image (median of max(15, {reps} / batch size) calls; "
+          f"torch: of max(3, {reps} / (4 x batch size)))")
     calls = call_cost_table(model, batches=batches, reps=reps, torch_model=model if torch_images else None)
     calls_md = print_table(calls, ["engine", "dtype", "batch", "tokens", "ms", "vs_1_token"])
     print("\n## Where a k=6 call's time goes (native engine, ms per call)")

@@ -764,11 +764,12 @@ MODES = ("greedy", "exact", "approx", "sample")
 # the prior weight the apps (upscale, demo) decode with unless told otherwise: measured on 96
 # held-out faces (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
-# the block size the apps decode with unless told otherwise: on the native engine a k-token call
-# costs 1.5x a 1-token one at k=2 and 2.6x at k=6, so k=2 is the fastest exact and approximate
-# setting at batch 1 and 16 (sr-blockwise bench-decode, batch 1: eps=2 1.12x greedy against 0.99x
-# at k=6, exact 0.91x against 0.54x); speculative sampling at batch 8: 1.04-1.10x plain sampling
-# against 0.79-0.84x at k=6 (at batch 1 k=4 is faster still: experiments/speculative-sampling/)
+# the block size the apps decode with unless told otherwise: on the native engine (2 threads) a
+# 2-token call costs 1.3x a 1-token one and a 7-token call 3x, so k=2 is the fastest exact and
+# approximate setting (sr-blockwise bench-decode, batch 1: eps=2 1.24x greedy against 1.03x at
+# k=6, exact 0.99x against 0.56x); on one thread k=4 is faster for eps=2 (1.53x against 1.38x);
+# speculative sampling at batch 8: 1.04-1.10x plain sampling against 0.79-0.84x at k=6 (at batch
+# 1 k=4 is faster still: experiments/speculative-sampling/)
 DEFAULT_K = 2
 
 

@@ -413,8 +413,8 @@ extern "C" size_t engine_work_floats(int B, int d, int ff, int f) {
 // The residual stream's rows a thread works on: x, its normalized copy xn, and the decoder's final
 // states h. A call with up to OWN_ROWS rows gives every thread a copy of its own and every thread
 // computes every row's norms: the same operations, but no barrier and no rows fetched from the
-// other core's cache after each norm (batch 1, 2 threads: a 1-token call 0.061 -> 0.056 ms).
-// Thread 0's copy is the team's buffers, so a call leaves the whole of h in w.h.
+// other core's cache after each norm (experiments/engine-synchronization/). Thread 0's copy is the
+// team's buffers, so a call leaves the whole of h in w.h.
 static const int OWN_ROWS = 8;
 struct Stream { float *x, *xn, *h; bool own; };
 
@@ -476,8 +476,8 @@ static void write_kv(const Engine* E, int li, int b, int h, int n, int pos0, con
 // A layer's self-attention for n tokens of each of m images (rows of s.xn), into w.att: the QKV
 // product, each head's keys and values into the cache, and each head's attention, one (image,
 // head) a work item of the team. A keys tile holds 32 positions side by side, so the writes go by
-// head, not by token (two threads writing two tokens of one head wrote into the same cache lines:
-// a 2-token call's writes took 3.6x as long at 2 threads). Where every thread holds the whole
+// head, not by token (two threads writing two tokens of one head would write into the same cache
+// lines). Where every thread holds the whole
 // stream (s.own), a work item makes its own head's queries, keys and values too (its columns of
 // the QKV product, the same sums): no barrier, and no QKV rows from the other core. Team call.
 template <typename KV>
@@ -898,10 +898,11 @@ static Work rows_from(const Engine* E, const Work& w, int i0) {
             w.z + r * V, w.dl + r * d, w.pre + r * E->f};
 }
 
-// A call with at least this many images a thread goes by image: each thread runs the whole call for
-// its own share of the images (a team of one), with no barrier and no rows passed between cores.
-// The same arithmetic as a team's; batch 16 (two processes of 8 images on one thread each against
-// one of 16 on two threads): greedy as fast, exact and eps=2 at k=2 and k=6 about 15% faster.
+// A call that verifies k > 1 tokens of at least this many images a thread goes by image: each
+// thread runs the whole call for its own share of the images (a team of one), with no barrier and
+// no rows passed between cores; the same arithmetic as a team's. A greedy call stays shared: its
+// few rows a thread would each stream the whole model's weights instead of half of them
+// (experiments/engine-synchronization/).
 static const int IMAGES_PER_THREAD = 2;
 
 // One blockwise step of every live image rows[0..n): feed its k proposals at the positions after
@@ -936,7 +937,7 @@ extern "C" int engine_iterate(const Engine* E, const Options* o, int n, int64_t*
         }
     }
     if (m) {
-        const bool by_image = T > 1 && m >= IMAGES_PER_THREAD * T;
+        const bool by_image = T > 1 && k > 1 && m >= IMAGES_PER_THREAD * T;
         #pragma omp parallel num_threads(T)
         {
             if (by_image) {

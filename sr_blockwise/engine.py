@@ -30,6 +30,7 @@ from .model import SEQ_LEN, SRC_LEN, VOCAB, ImageTransformerSR
 SOURCE = Path(__file__).with_name("engine.cpp")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 MAX_TOKENS = 16  # tokens per call at most (engine.cpp's MAXK)
+IMAGES_PER_THREAD = 2  # engine.cpp's: a k > 1 call with this many live images a thread goes by image
 RULES = {"exact": 0, "eps": 1, "topk": 2, "oracle": 3, "sample": 4}
 # a call's stages, in engine.cpp's order (enum Stage), for Batch.time_stages
 STAGES = ("embed", "qkv", "kv_write", "self_att", "cross_att", "linear", "norm_gelu", "logits", "accept", "draft")
@@ -120,10 +121,10 @@ def _cpu_flags() -> bytes:
 
 def threads_for_this_thread() -> int:
     """OpenMP threads for a call made from the calling thread: torch's count on the main thread,
-    1 elsewhere. Both share one OpenMP runtime; once a second Python thread runs parallel regions
-    it has more threads than cores, and its barriers then sleep instead of spinning: a face took
-    3.8 s at 2 threads in a worker thread against 0.5 s at 1 and 0.4 s at 2 on the main thread
-    (experiments/demo-latency/)."""
+    1 elsewhere. Both share one OpenMP runtime; once the process's thread pools outnumber the
+    cores (a worker's team besides one the main thread ran), barriers sleep instead of spinning:
+    a face took 3.1 s on 2 threads in a worker thread against 0.3 s on 1
+    (experiments/demo-latency/worker_threads.py)."""
     return torch.get_num_threads() if threading.current_thread() is threading.main_thread() else 1
 
 
@@ -141,7 +142,7 @@ def supports(model: ImageTransformerSR) -> str | None:
     if cfg.head1 != "base":
         return "the native engine runs head1='base' models (p1 = the base logits)"
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 16 or cfg.d_model % 32:
-        return "the native engine needs a head dimension that is a multiple of 16 and a width that is one of 32"
+        return "the native engine needs a head dimension that is a multiple of 16 and a model width that is a multiple of 32"
     if cfg.block_len <= MAX_TOKENS or cfg.block_len % 32:
         return (f"the native engine needs attention blocks longer than {MAX_TOKENS} tokens and a multiple of 32 "
                 "(a window starts at a block start, and keys are cached in tiles of 32)")

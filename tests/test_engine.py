@@ -19,13 +19,14 @@ def _image(seed, B=2):
     return src, tgt, torch.cat([torch.full((B, 1), -1), tgt[:, :-1]], 1)
 
 
-@pytest.mark.parametrize("seed, bf16_weights", [(0, False), (1, True)])
-def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights):
+@pytest.mark.parametrize("seed, bf16_weights, d_ff", [(0, False, 64), (1, True, 64), (2, True, 48)])
+def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff):
     """bf16_weights: every weight a bfloat16 value (a model trained in bf16), which the engine
-    keeps in bfloat16 (the same numbers in half the bytes); it then keeps keys and values in
-    bfloat16 too, as bf16 training made them: the float64 reference rounds them where they are
-    made."""
-    m = make_tiny(seed)
+    keeps in bfloat16 (the same numbers in half the bytes, two 16-column panels interleaved); it
+    then keeps keys and values in bfloat16 too, as bf16 training made them: the float64 reference
+    rounds them where they are made. d_ff 48: an odd number of panels (the last one's pair is
+    zeros)."""
+    m = make_tiny(seed, d_ff=d_ff)
     m = (m.to(torch.bfloat16) if bf16_weights else m).double()
     assert engine.packed(m).struct.lm_w.bf16 == engine.packed(m).struct.kv_bf16 == int(bf16_weights)
     if bf16_weights:
@@ -81,30 +82,40 @@ def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_toke
     assert torch.equal(torch.cat(states)[:T], alone)
 
 
-@pytest.mark.parametrize("bf16_weights,threads", [(False, 1), (True, 1), (True, 2)])
+@pytest.mark.parametrize("bf16_weights,threads", [(False, 1), (True, 1), (False, 2), (True, 2)])
 def test_an_images_output_does_not_depend_on_its_batch(bf16_weights, threads):
-    """threads 2: a batch of 5 goes by image (each thread decodes its own share alone), an image
-    alone goes by team (two threads share each product), with the same arithmetic."""
+    """threads 2: a batch of 2 images a thread goes by image at k > 1 (each thread decodes its own
+    share alone); greedy, a smaller batch, and an image alone, by team (the threads share each
+    product, and in calls of up to 8 rows each keeps its own copy of the residual stream). The
+    same arithmetic every way."""
     m = make_tiny(5)
     m = (m.to(torch.bfloat16) if bf16_weights else m).for_inference(torch.float32)
     assert engine.packed(m).bf16 == bf16_weights
+    assert 5 >= engine.IMAGES_PER_THREAD * 2  # 5 images go by image at 2 threads: shares of 2 and 3
     lr = np.random.default_rng(5).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for opts in (DecodeOptions(k=1), DecodeOptions(k=6), DecodeOptions(k=6, rule="eps", eps=2)):
-            together = decode(m, lr, opts)
-            assert together.extra["engine"] == "native"
-            for i in (0, 3):
-                alone = decode(m, lr[i:i + 1], opts)
-                assert np.array_equal(alone.images[0], together.images[i])
-                assert alone.stats[0].block_hist == together.stats[i].block_hist
+        for opts in (DecodeOptions(k=1), DecodeOptions(k=2), DecodeOptions(k=6), DecodeOptions(k=6, rule="eps", eps=2)):
+            alone = [decode(m, lr[i:i + 1], opts) for i in (0, 3)]
+            for batch in (lr, lr[:3]):  # by image, and (3 images) by team
+                together = decode(m, batch, opts)
+                assert together.extra["engine"] == "native"
+                for i, one in zip((0, 3), alone):
+                    if i < len(batch):
+                        assert np.array_equal(one.images[0], together.images[i])
+                        assert one.stats[0].block_hist == together.stats[i].block_hist
     finally:
         torch.set_num_threads(before)
 
 
-def test_drafted_blocks_are_the_torch_heads_proposals():
-    m = make_tiny(6).double()
+@pytest.mark.parametrize("bf16_weights", [False, True])
+def test_drafted_blocks_are_the_torch_heads_proposals(bf16_weights):
+    """bf16: the heads' matrices kept in bfloat16 panel pairs, an odd number of them (9 heads'
+    hidden layers of 16)."""
+    m = make_tiny(6)
+    m = (m.to(torch.bfloat16) if bf16_weights else m).double()
+    assert engine.packed(m).struct.heads_up_w.bf16 == int(bf16_weights)
     src, tgt, prev = _image(6, B=1)
     k = m.cfg.n_blockwise
     batch = engine.Batch(m, src, k=k)
@@ -120,7 +131,8 @@ def test_drafted_blocks_are_the_torch_heads_proposals():
 
 
 def test_the_engine_refuses_models_it_does_not_run():
-    assert "multiple of 32" in engine.supports(ImageTransformerSR(preset("tiny", block_len=48)))
+    assert "attention blocks" in engine.supports(ImageTransformerSR(preset("tiny", block_len=48)))
+    assert "model width" in engine.supports(ImageTransformerSR(preset("tiny", d_model=48, n_heads=3)))
     m = ImageTransformerSR(preset("tiny", head1="layer"))
     assert "head1" in engine.supports(m)
     with pytest.raises(ValueError, match="head1"):

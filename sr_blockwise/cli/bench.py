@@ -7,6 +7,8 @@ def cmd_bench(a):
 
     from ..bench import run
 
+    if a.threads < 0:
+        raise ValueError(f"--threads must be 0 (torch's default) or more, got {a.threads}")
     if a.threads:
         torch.set_num_threads(a.threads)
     ks = [int(k) for k in a.k.split(",")]
