@@ -140,8 +140,8 @@ static inline void put(uint16_t* p, float x) {
 // instruction did half the float32 multiply-add rate (experiments/bf16-dot-products/). A pair of
 // bf16 panels is one load: as 16 32-bit lanes, lane j holds column j of the first panel in its
 // low half and of the second in its high half, so `<< 16` gives the first panel's floats and
-// masking the low half off the second's (one instruction each; widening each 16 values by
-// zero-extension and a shift took two, as many as the multiply-adds of a 1-row product).
+// masking the low half off the second's (one instruction each, where widening 16 values by
+// zero-extension and a shift took two).
 template <int NR, int NC, typename WT>
 static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K,
                      int odd) {
@@ -477,9 +477,9 @@ static void write_kv(const Engine* E, int li, int b, int h, int n, int pos0, con
 // product, each head's keys and values into the cache, and each head's attention, one (image,
 // head) a work item of the team. A keys tile holds 32 positions side by side, so the writes go by
 // head, not by token (two threads writing two tokens of one head would write into the same cache
-// lines). Where every thread holds the whole
-// stream (s.own), a work item makes its own head's queries, keys and values too (its columns of
-// the QKV product, the same sums): no barrier, and no QKV rows from the other core. Team call.
+// lines). Where every thread holds the whole stream (s.own), a work item makes its own head's
+// queries, keys and values too (its columns of the QKV product, the same sums): no barrier, and
+// no QKV rows from the other core. Team call.
 template <typename KV>
 static void self_attention(const Engine* E, int li, int m, const int* imgs, int n, const int* pos0, const Stream& s,
                            const Work& w, float* scores) {

@@ -166,7 +166,8 @@ def table(sets, framings, title):
 
 ood = [("lfw",), ("astronaut",), ("reframed",), ("lfw", "astronaut", "reframed")]
 table(ood, ["aligned", "centre", "cascade"], "Out-of-distribution framing: aligned vs centre square vs cascade square")
-table([("celeba",)], ["aligned", "paper-crop"], "Held-out CelebA photos as they are: aligned vs the paper's crop")
+if args.celeba:
+    table([("celeba",)], ["aligned", "paper-crop"], "Held-out CelebA photos as they are: aligned vs the paper's crop")
 missed = [r["name"] for r in rows if r["aligned"] is None]
 print(f"\nno face found (aligned row left out): {missed}")
 
@@ -196,6 +197,7 @@ for w, h in ((4000, 3000), (8000, 6000)):
 
 # ---------------------------------------------------------------- pictures for docs/faces.md
 out_dir = Path(args.figures)
+out_dir.mkdir(parents=True, exist_ok=True)
 show = [i for i, r in enumerate(rows) if r["set"] in ("lfw", "astronaut", "reframed") and r["aligned"] is not None]
 show = show[:3] + [i for i in show if rows[i]["set"] == "astronaut"] + [i for i in show if rows[i]["set"] == "reframed"][:4]
 gap = np.full((32 * 4, 4, 3), 255, np.uint8)
