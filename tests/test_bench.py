@@ -1,5 +1,6 @@
 """Benchmarks: the tables are well formed, and the oracle run hits the call-count bound."""
 import numpy as np
+import pytest
 import torch
 
 from conftest import make_tiny
@@ -35,6 +36,31 @@ def test_every_stage_of_a_call_is_timed_and_only_when_asked():
     assert without[0][draft] < 0.2 * with_draft[0][draft]
     b = engine.Batch(m, torch.zeros(1, 192, dtype=torch.int64), 2)
     assert not b.struct.stage_ticks  # a null pointer: nothing counted
+
+
+def test_stages_are_timed_in_calls_that_go_by_image():
+    """At 2 threads a k=4 call of 4 images goes by image (each thread runs its share alone): the
+    first thread's share of the work still gets every stage's cycles."""
+    m = make_tiny(0).for_inference(torch.float32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ticks = []
+        time_call(m, 4, 2 * engine.IMAGES_PER_THREAD, reps=3, stage_ticks=ticks)
+    finally:
+        torch.set_num_threads(before)
+    assert (ticks[0] > 0).all(), dict(zip(engine.STAGES, ticks[0].tolist()))
+
+
+def test_bench_decode_refuses_a_negative_thread_count():
+    import argparse
+
+    from sr_blockwise.cli.bench import register
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers(dest="command"))
+    args = p.parse_args(["bench-decode", "--threads", "-1"])
+    with pytest.raises(ValueError, match="--threads"):
+        args.func(args)
 
 
 def test_train_throughput_counts_flops():
