@@ -5,30 +5,17 @@
 // compared bit for bit with emulations of the sum: in order with fused multiply-adds (what the
 // engine does), by pairs of products, and by each tile step's 32 products summed exactly.
 //   g++ -O2 -march=native -ffp-contract=off experiments/amx-tiles/amx_rounding.cpp -o amx_rounding && ./amx_rounding; rm -f amx_rounding
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <random>
 
+#include "amx_tiles.h"
+
 static const int K = 128, N = 16, M = 16;
-struct TileCfg { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
 static float bf(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static uint16_t to_bf(float x) { uint32_t u; std::memcpy(&u, &x, 4); return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16); }
 
 int main() {
-    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) {
-        printf("AMX: the kernel does not grant tile data here\n");
-        return 0;
-    }
-    TileCfg cfg;
-    std::memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-    _tile_loadconfig(&cfg);
+    if (!amx_tiles_ready()) return 0;
     std::mt19937 g(1);
     std::normal_distribution<float> nd(0, 1);
     alignas(64) uint16_t A[M * K], B[K * N];

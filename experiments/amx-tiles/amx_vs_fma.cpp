@@ -3,18 +3,12 @@
 // keeps them: the engine's way (weights widened, float32 fused multiply-adds, tiles of 8 rows x 32
 // columns, or 1 row x 64 columns) against AMX (x rounded to bf16, 16-row tiles, tdpbf16ps).
 //   g++ -O3 -march=native -std=c++17 experiments/amx-tiles/amx_vs_fma.cpp -o amx_vs_fma && ./amx_vs_fma; rm -f amx_vs_fma
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <cstdlib>
+
+#include "amx_tiles.h"  // amx_tiles_ready
 
 static const int K = 512, N = 128;
 #include "../engine_kernel.h"  // fma_tile, best_ns
-
-struct TileCfg { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
 
 // AMX: C tiles 0-3 (16 x 16 float32, four panels), A tile 4 (16 rows x 32 bf16 inputs), B tiles
 // 5-7 in turn (16 pairs of inputs x 16 columns x 2: a panel's 32 inputs, pairs side by side; with
@@ -52,15 +46,7 @@ int main() {
     printf("| 7 rows, float32 multiply-adds (8 x 32 tiles) | %.0f | %.0f |\n", f7, 7 * flop1 / f7);
     double f16 = best_ns([&] { for (int r = 0; r < 16; r += 8) for (int c = 0; c < N / 32; c++) fma_tile<8, 2>(x.data() + r * K, W.data() + (size_t)c * 2 * K * 16, y.data() + r * N + c * 32, N); });
     printf("| 16 rows, float32 multiply-adds (8 x 32 tiles) | %.0f | %.0f |\n", f16, 16 * flop1 / f16);
-    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */)) {
-        printf("\nAMX: the kernel does not grant tile data here\n");
-        return 0;
-    }
-    TileCfg cfg;
-    std::memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-    _tile_loadconfig(&cfg);
+    if (!amx_tiles_ready()) return 0;
     double a16 = best_ns([&] { amx_rows(xb.data(), W.data(), y.data()); });
     printf("| 16 rows (or fewer, padded), AMX tdpbf16ps | %.0f | %.0f |\n", a16, 16 * flop1 / a16);
     _tile_release();
