@@ -189,29 +189,48 @@ static void lin_block(const float* x, int ldx, int n, const WT* W, size_t panel,
     lin_rest<RT - 1, NC>(n - r, x + (size_t)r * ldx, ldx, W, panel, b, y + (size_t)r * ldy, ldy, K, odd);
 }
 
-// y = b + x W[0:K, 0:N] for n rows, all rows through one column block before the next (the block
-// of W stays in cache while every row uses it). Up to 4 rows: blocks of 4 panels (4 independent
-// sums a row); more: blocks of 2 panels, 8 rows a tile, so a 7-token call reads each weight once.
-// Called by a whole OpenMP team, the column blocks are shared out (orphaned `omp for`: outside a
-// parallel region it runs them all). N a multiple of 16.
-static void gelu(float* x, int n);
-
+// columns [c0, c0 + nc) of y = b + x W for n rows, on the calling thread alone (c0 and nc
+// multiples of 16), in tiles as wide as fit: up to 4 rows, 4 panels (4 independent sums a row);
+// more rows, 2 panels and 8 rows a tile, so a 7-token call reads each weight once; a lone panel
+// last
 template <typename WT>
-static void linear_t(const float* x, int ldx, int n, const WT* W, size_t panel, const float* b, float* y,
-                     int ldy, int K, int N, bool then_gelu) {
-    const int cw = n <= 4 ? 64 : 32, nw = N / cw, nb = nw + (N % cw) / 16;
-    #pragma omp for schedule(static) nowait
-    for (int blk = 0; blk < nb; blk++) {
-        int j0 = blk < nw ? cw * blk : cw * nw + 16 * (blk - nw);
+static void lin_range(const float* x, int ldx, int n, const WT* W, size_t panel, int c0, int nc, const float* b,
+                      float* y, int ldy, int K) {
+    for (int j0 = c0; j0 < c0 + nc;) {
         const int odd = sizeof(WT) == 2 && (j0 / 16) % 2;  // the second panel of a bf16 pair
         const WT* Wj = W + (j0 / 16 - odd) * panel;
         const float* bj = b ? b + j0 : nullptr;
-        float* yj = y + j0;
-        if (blk >= nw) lin_block<8, 1>(x, ldx, n, Wj, panel, bj, yj, ldy, K, odd);
-        else if (cw == 64) lin_block<4, 4>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
-        else lin_block<8, 2>(x, ldx, n, Wj, panel, bj, yj, ldy, K);
+        const int left = c0 + nc - j0;
+        if (!odd && n <= 4 && left >= 64) {
+            lin_block<4, 4>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
+            j0 += 64;
+        } else if (!odd && left >= 32) {
+            if (n <= 4) lin_block<4, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
+            else lin_block<8, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
+            j0 += 32;
+        } else {
+            lin_block<8, 1>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K, odd);
+            j0 += 16;
+        }
+    }
+}
+
+static void gelu(float* x, int n);
+
+// y = b + x W[0:K, 0:N] for n rows, all rows through one column block before the next (the block
+// of W stays in cache while every row uses it): blocks of 64 columns for up to 4 rows, of 32 for
+// more. Called by a whole OpenMP team, the column blocks are shared out (orphaned `omp for`:
+// outside a parallel region it runs them all). N a multiple of 16.
+template <typename WT>
+static void linear_t(const float* x, int ldx, int n, const WT* W, size_t panel, const float* b, float* y,
+                     int ldy, int K, int N, bool then_gelu) {
+    const int cw = n <= 4 ? 64 : 32, nb = (N + cw - 1) / cw;
+    #pragma omp for schedule(static) nowait
+    for (int blk = 0; blk < nb; blk++) {
+        const int j0 = cw * blk, width = N - j0 < cw ? N - j0 : cw;
+        lin_range(x, ldx, n, W, panel, j0, width, b, y, ldy, K);
         if (then_gelu)  // the thread that made the columns applies the activation: no barrier between
-            for (int r = 0; r < n; r++) gelu(yj + (size_t)r * ldy, blk < nw ? cw : 16);
+            for (int r = 0; r < n; r++) gelu(y + (size_t)r * ldy + j0, width);
     }
 }
 // the team's share of y's columns, without waiting for the rest of the team
@@ -228,29 +247,11 @@ static void linear(const float* x, int ldx, int n, Mat W, const float* b, float*
     #pragma omp barrier
 }
 
-// columns [c0, c0 + nc) of y = b + x W for n rows, on the calling thread alone (c0 and nc
-// multiples of 16): the same sums as linear's
-template <typename WT>
-static void lin_cols_t(const float* x, int ldx, int n, const WT* W, size_t panel, int c0, int nc, const float* b,
-                       float* y, int ldy, int K) {
-    for (int j0 = c0; j0 < c0 + nc;) {
-        const int odd = sizeof(WT) == 2 && (j0 / 16) % 2;
-        const WT* Wj = W + (j0 / 16 - odd) * panel;
-        const float* bj = b ? b + j0 : nullptr;
-        if (!odd && j0 + 32 <= c0 + nc) {
-            if (n <= 4) lin_block<4, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
-            else lin_block<8, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
-            j0 += 32;
-        } else {
-            lin_block<8, 1>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K, odd);
-            j0 += 16;
-        }
-    }
-}
+// columns [c0, c0 + nc) of y = b + x W for n rows, on the calling thread alone: the same sums as linear's
 static void lin_cols(const float* x, int ldx, int n, Mat W, int c0, int nc, const float* b, float* y, int ldy, int K) {
     const size_t panel = (size_t)W.rows * 16;
-    if (W.bf16) lin_cols_t(x, ldx, n, (const uint16_t*)W.p, panel, c0, nc, b, y, ldy, K);
-    else lin_cols_t(x, ldx, n, (const float*)W.p, panel, c0, nc, b, y, ldy, K);
+    if (W.bf16) lin_range(x, ldx, n, (const uint16_t*)W.p, panel, c0, nc, b, y, ldy, K);
+    else lin_range(x, ldx, n, (const float*)W.p, panel, c0, nc, b, y, ldy, K);
 }
 
 // the sums over 16 lanes (i mod 16), then across the lanes in a fixed tree; d % 16 == 0
