@@ -196,7 +196,7 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
     """The whole benchmark: call cost (native engine at batch 1/16/64, torch at 1/16), the
     breakdown of a k=6 call, seconds per face at each batch size in `batches` (n_images faces,
     at least one batch each), the torch engine's seconds per face on torch_images faces at batch
-    1 (0: skip), images/s at the largest batch and its share of the fp32 matrix-product rate.
+    1 (0: skip), images/s at the largest batch and its share of the fp32 and bf16 matrix-product rates.
     prior_weight None: the apps' default (decoding.DEFAULT_PRIOR_WEIGHT) where the model has the
     input prior, else 1. dtype: of the weights (the native engine computes in float32)."""
     from .checkpoints import load_model
@@ -250,13 +250,18 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
                                        "of_ideal"]))
         decode_rows += merged
     big = [r for r in decode_rows if r["batch"] == max(batches) and r["mode"] == "greedy" and r["engine"] == "native"][0]
-    rate = matmul_rate(torch.float32)
+    # the engine's products run in float32, or on AMX tiles in bf16 where the processor has them
+    # (engine.uses_amx): both rates, as torch's largest products reach them
+    rate, rate_bf16 = matmul_rate(torch.float32), matmul_rate(torch.bfloat16)
     flops = decoder_flops_per_token(model.cfg) * SEQ_LEN * big["images_per_s"]
     machine_use = {"batch": max(batches), "greedy_images_per_s": big["images_per_s"],
-                   "decoder_gflops": flops / 1e9, "fp32_matmul_gflops": rate / 1e9, "share": flops / rate}
+                   "decoder_gflops": flops / 1e9, "fp32_matmul_gflops": rate / 1e9, "share": flops / rate,
+                   "bf16_matmul_gflops": rate_bf16 / 1e9, "share_bf16": flops / rate_bf16,
+                   "amx": native.available() and native.uses_amx()}
     print(f"\ngreedy at batch {max(batches)}: {big['images_per_s']:.2f} images/s, {flops / 1e9:.1f} GFLOP/s "
           f"of decoder arithmetic = {flops / rate:.1%} of this machine's fp32 matrix-product rate "
-          f"({rate / 1e9:.0f} GFLOP/s)")
+          f"({rate / 1e9:.0f} GFLOP/s), {flops / rate_bf16:.1%} of its bf16 rate ({rate_bf16 / 1e9:.0f} GFLOP/s; "
+          f"the engine's bf16 products {'run on the AMX tiles' if machine_use['amx'] else 'widen to float32'})")
     result = {"weights": label, "machine": machine(), "call_cost": calls, "breakdown": parts,
               "decode": decode_rows, "machine_use": machine_use, "images": int(n_images),
               "prior_weight": prior_weight, "dtype": dtype}

@@ -7,10 +7,11 @@
 //
 // Why exact: every token's (row's) arithmetic is the same sequence of float operations whatever
 // call it comes in and whatever else is in the batch. A linear layer accumulates each output over
-// its inputs in order (tiles of rows only share the weight loads); attention reads a query's own
-// window [block start of the previous block, the query] in position order. So a query's state is
-// bit for bit the same alone (greedy) or inside a k-token verify call, and exact mode equals
-// greedy decoding by construction, in float32.
+// its inputs in order (tiles of rows only share the weight loads), with float32 multiply-adds or,
+// for bfloat16 weights on a processor with AMX, on its tiles, whose every output row reads only
+// its own input row (see amx_range); attention reads a query's own window [block start of the
+// previous block, the query] in position order. So a query's state is bit for bit the same alone
+// (greedy) or inside a k-token verify call, and exact mode equals greedy decoding by construction.
 //
 // Layouts (row-major; float32 but for bfloat16 weight matrices, keys and values: see Mat and
 // Engine): a linear layer's weight is stored transposed, in x out, so a tile of rows streams it
@@ -22,6 +23,13 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <x86intrin.h>
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ENGINE_AMX 1
+#else
+#define ENGINE_AMX 0
+#endif
 
 typedef float v16 __attribute__((vector_size(64)));
 static inline v16 ld(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
@@ -49,12 +57,13 @@ static const int MAXK = 16; // tokens per call at most
 // A weight matrix W (rows = inputs, columns = outputs) in panels of 16 columns, each panel rows x
 // 16 contiguous: a tile of rows streams a few panels front to back (a prefetcher's easy case).
 // Float32, or bfloat16 where every entry is a bfloat16 value already (weights trained in bf16 and
-// exported at full precision): the same numbers in half the bytes. Bfloat16 panels go in pairs,
-// interleaved: input k of the pair is 32 values, column j of the first panel, then of the second,
-// so one 64-byte load and one instruction a panel widen them (see lin_rows).
+// exported at full precision): the same numbers in half the bytes. For the multiply-adds
+// (bf16 1) bfloat16 panels go in pairs, interleaved: input k of the pair is 32 values, column j of
+// the first panel, then of the second, so one 64-byte load and one instruction a panel widen them
+// (see lin_rows). For AMX's tiles (bf16 2) a panel's inputs go in pairs instead (see amx_range).
 struct Mat {
     const void* p;
-    int bf16, rows;
+    int bf16, rows;  // bf16: 0 float32, 1 bf16 panel pairs, 2 bf16 panels for the tiles
     Mat at(int col) const {  // the matrix from column `col` (a multiple of 32) on
         return {(const char*)p + (size_t)(col / 16) * rows * 16 * (bf16 ? 2 : 4), bf16, rows};
     }
@@ -233,11 +242,166 @@ static void linear_t(const float* x, int ldx, int n, const WT* W, size_t panel, 
             for (int r = 0; r < n; r++) gelu(y + (size_t)r * ldy + j0, width);
     }
 }
+// ---------------------------------------------------------------- AMX
+
+// 1 where this build has AMX and the kernel grants the process the tiles' state (engine.py then
+// packs bfloat16 matrices for them, Mat.bf16 == 2), else 0
+extern "C" int engine_amx() {
+#if ENGINE_AMX
+    static const int granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return granted;
+#else
+    return 0;
+#endif
+}
+
+#if ENGINE_AMX
+// With AMX, every bfloat16 matrix is multiplied on the tiles, in every call: tdpbf16ps multiplies
+// a 16-row tile of bf16 inputs by 32 x 16 bf16 weights into float32 sums, and an output row reads
+// only its own input row, so a row's result is the same in any tile, call or batch (exact mode
+// and batch independence hold as with the multiply-adds), while a product over 1 to 16 rows costs
+// what one row does: a verify call's extra tokens ride on the weight loads. The inputs are
+// rounded to bf16 first, as bf16 training (autocast) rounded them; the tiles' sums differ from
+// the multiply-adds' in the last bits (experiments/amx-tiles/), so outputs differ between
+// processors with and without AMX.
+
+// A thread's bf16 copy of a product's inputs, 16-row tiles (rows past n are zeros or stale
+// inputs: they only reach their own, discarded, output rows), and the tile rows it configured
+struct AmxThread { uint16_t* p = nullptr; size_t cap = 0; int rows = 0; };
+static thread_local AmxThread amx_thread;
+
+// The tiles' shapes are the thread's: A and C tiles as many rows as the product has (up to 16:
+// fewer rows, less to load and store), B tiles 16 pairs of inputs x 16 columns. Set up again in
+// every call (amx_call_start), as PyTorch's own AMX kernels (oneDNN) set theirs on the same
+// threads between calls, and within a call only when the rows change (ldtilecfg was half the
+// cost of preparing a product's inputs).
+static void configure_tiles(int rows) {
+    if (amx_thread.rows == rows) return;
+    struct { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } c;
+    std::memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) { c.rows[t] = t < 4 ? rows : 16; c.colsb[t] = 64; }  // C 0-1, A 2-3, B 4-7
+    _tile_loadconfig(&c);
+    amx_thread.rows = rows;
+}
+#endif
+// at the start of a call, on each of its threads
+static inline void amx_call_start() {
+#if ENGINE_AMX
+    amx_thread.rows = 0;
+#endif
+}
+#if ENGINE_AMX
+
+// x (n rows of K, stride ldx) rounded to bf16 (nearest, ties to even) in the thread's copy, rows
+// ldb apart (K rounded up to 32, zeros after K; a multiple of 64 bytes: unaligned tile loads took
+// 2.9x as long), and the tiles configured
+static const uint16_t* rows_bf16(const float* x, int ldx, int n, int K, int* ldb) {
+    configure_tiles(n < 1 ? 1 : n < 16 ? n : 16);  // 0 rows is no valid shape (a call with no image left)
+    const int K32 = (K + 31) & ~31, ld = K32 * 2 % 4096 ? K32 : K32 + 32;  // rows not 4 KB apart (one cache set)
+    const size_t need = (size_t)((n + 15) & ~15) * ld;
+    AmxThread& a = amx_thread;
+    if (a.cap < need) {
+        std::free(a.p);
+        a.p = (uint16_t*)std::aligned_alloc(64, need * 2);
+        std::memset(a.p, 0, need * 2);
+        a.cap = need;
+    }
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    for (int r = 0; r < n; r++) {
+        uint16_t* out = a.p + (size_t)r * ld;
+        for (int k = 0; k < K32; k += 16) {
+            const __mmask16 in = k + 16 <= K ? 0xffff : k < K ? (__mmask16)((1u << (K - k)) - 1) : 0;
+            __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(in, x + (size_t)r * ldx + k));
+            u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
+            _mm256_store_si256((__m256i*)(out + k), _mm512_cvtepi32_epi16(u));
+        }
+    }
+    *ldb = ld;
+    return a.p;
+}
+
+// out (rows x 16 NP floats) = the bf16 rows at xr (ldb apart) times NP <= 2 panels of W from Wj,
+// the sums over the inputs 32 at a time, in order. Tiles are not renamed (a load into a tile
+// waits for the last product that read it), so two steps' A and B tiles alternate (A: 2, 3; B:
+// 4-5, 6-7) and one step's loads go on while the other's products run: never slower than one set
+// of tiles, 2-3% faster on weights that come from L3 (experiments/amx-tiles/amx_streaming.cpp).
+template <int NP>
+static void amx_block(const uint16_t* xr, int ldb, const uint16_t* Wj, size_t panel, int K32, float* out) {
+    const uint16_t* W1 = Wj + panel;
+    _tile_zero(0);
+    if constexpr (NP > 1) _tile_zero(1);
+    int k = 0;
+    for (; k + 64 <= K32; k += 64) {
+        _tile_loadd(2, xr + k, ldb * 2);
+        _tile_loadd(4, Wj + (size_t)k * 16, 64);
+        if constexpr (NP > 1) _tile_loadd(5, W1 + (size_t)k * 16, 64);
+        _tile_loadd(3, xr + k + 32, ldb * 2);
+        _tile_loadd(6, Wj + (size_t)(k + 32) * 16, 64);
+        if constexpr (NP > 1) _tile_loadd(7, W1 + (size_t)(k + 32) * 16, 64);
+        _tile_dpbf16ps(0, 2, 4);
+        if constexpr (NP > 1) _tile_dpbf16ps(1, 2, 5);
+        _tile_dpbf16ps(0, 3, 6);
+        if constexpr (NP > 1) _tile_dpbf16ps(1, 3, 7);
+    }
+    if (k < K32) {  // an odd last step
+        _tile_loadd(2, xr + k, ldb * 2);
+        _tile_loadd(4, Wj + (size_t)k * 16, 64);
+        _tile_dpbf16ps(0, 2, 4);
+        if constexpr (NP > 1) { _tile_loadd(5, W1 + (size_t)k * 16, 64); _tile_dpbf16ps(1, 2, 5); }
+    }
+    _tile_stored(0, out, 16 * NP * 4);
+    if constexpr (NP > 1) _tile_stored(1, out + 16, 16 * NP * 4);
+}
+
+// columns [c0, c0 + nc) of y = b + x W for n rows on the tiles, on the calling thread alone (x as
+// rows_bf16 made it; W: bf16 panels of 16 columns whose inputs go in pairs, element (k, j) of a
+// panel at k / 2 * 32 + 2 j + k % 2, K rounded up to 32 with zero rows), 32 columns a block
+static void amx_range(const uint16_t* xb, int ldb, int n, const uint16_t* W, size_t panel, int c0, int nc,
+                      const float* b, float* y, int ldy, int K) {
+    alignas(64) float out[16 * 32];
+    const int K32 = (K + 31) & ~31;
+    for (int j0 = c0; j0 < c0 + nc; j0 += 32) {
+        const int np = c0 + nc - j0 < 32 ? 1 : 2;
+        const uint16_t* Wj = W + (size_t)(j0 / 16) * panel;
+        for (int r0 = 0; r0 < n; r0 += 16) {
+            const uint16_t* xr = xb + (size_t)r0 * ldb;
+            if (np == 2) amx_block<2>(xr, ldb, Wj, panel, K32, out);
+            else amx_block<1>(xr, ldb, Wj, panel, K32, out);
+            const int rows = n - r0 < 16 ? n - r0 : 16;
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < np; c++) {
+                    const v16 v = ld(out + r * 16 * np + 16 * c);
+                    st(y + (size_t)(r0 + r) * ldy + j0 + 16 * c, b ? ld(b + j0 + 16 * c) + v : v);
+                }
+        }
+    }
+}
+
+// linear_t on the tiles: the team shares out blocks of 64 columns
+static void linear_amx(const float* x, int ldx, int n, const uint16_t* W, size_t panel, const float* b, float* y,
+                       int ldy, int K, int N, bool then_gelu) {
+    int ldb;
+    const uint16_t* xb = rows_bf16(x, ldx, n, K, &ldb);  // every thread rounds every row for itself: no barrier
+    const int nb = (N + 63) / 64;
+    #pragma omp for schedule(static) nowait
+    for (int blk = 0; blk < nb; blk++) {
+        const int j0 = 64 * blk, width = N - j0 < 64 ? N - j0 : 64;
+        amx_range(xb, ldb, n, W, panel, j0, width, b, y, ldy, K);
+        if (then_gelu)
+            for (int r = 0; r < n; r++) gelu(y + (size_t)r * ldy + j0, width);
+    }
+}
+#endif
+
 // the team's share of y's columns, without waiting for the rest of the team
 // (then_gelu: y = GELU(b + x W))
 static void linear_nowait(const float* x, int ldx, int n, Mat W, const float* b, float* y, int ldy, int K, int N,
                           bool then_gelu = false) {
     const size_t panel = (size_t)W.rows * 16;
+#if ENGINE_AMX
+    if (W.bf16 == 2) return linear_amx(x, ldx, n, (const uint16_t*)W.p, panel, b, y, ldy, K, N, then_gelu);
+#endif
     if (W.bf16) linear_t(x, ldx, n, (const uint16_t*)W.p, panel, b, y, ldy, K, N, then_gelu);
     else linear_t(x, ldx, n, (const float*)W.p, panel, b, y, ldy, K, N, then_gelu);
 }
@@ -250,6 +414,13 @@ static void linear(const float* x, int ldx, int n, Mat W, const float* b, float*
 // columns [c0, c0 + nc) of y = b + x W for n rows, on the calling thread alone: the same sums as linear's
 static void lin_cols(const float* x, int ldx, int n, Mat W, int c0, int nc, const float* b, float* y, int ldy, int K) {
     const size_t panel = (size_t)W.rows * 16;
+#if ENGINE_AMX
+    if (W.bf16 == 2) {
+        int ldb;
+        const uint16_t* xb = rows_bf16(x, ldx, n, K, &ldb);
+        return amx_range(xb, ldb, n, (const uint16_t*)W.p, panel, c0, nc, b, y, ldy, K);
+    }
+#endif
     if (W.bf16) lin_range(x, ldx, n, (const uint16_t*)W.p, panel, c0, nc, b, y, ldy, K);
     else lin_range(x, ldx, n, (const float*)W.p, panel, c0, nc, b, y, ldy, K);
 }
@@ -424,6 +595,7 @@ struct ThreadBuf {
     float *scores, *own;
     int d;
     explicit ThreadBuf(const Engine* E) : d(E->d) {
+        amx_call_start();
         const size_t n_scores = (8 * (2 * (size_t)E->L + E->n_src + 64) + 15) & ~(size_t)15;
         scores = (float*)std::aligned_alloc(64, (n_scores + 3 * OWN_ROWS * (size_t)d) * sizeof(float));
         own = scores + n_scores;
@@ -985,6 +1157,9 @@ extern "C" void engine_draft(const Engine* E, const Options* o, int b, int m, co
     int64_t** ptrs = (int64_t**)std::malloc(2 * (size_t)m * sizeof(int64_t*));
     for (int i = 0; i < m; i++) { imgs[i] = b; ptrs[i] = toks; ptrs[m + i] = props + (size_t)i * o->k; }
     #pragma omp parallel num_threads(E->threads)
-    draft(E, o, m, imgs, hs, pos, ptrs, ptrs + m, w);
+    {
+        amx_call_start();
+        draft(E, o, m, imgs, hs, pos, ptrs, ptrs + m, w);
+    }
     std::free(imgs); std::free(ptrs);
 }

@@ -106,6 +106,7 @@ def library():
     for name in ("engine_start", "engine_step", "engine_draft"):
         getattr(lib, name).restype = None
     lib.engine_iterate.restype = ctypes.c_int
+    lib.engine_amx.restype = ctypes.c_int
     lib.engine_work_floats.restype = ctypes.c_size_t
     _lib = lib
     return lib
@@ -126,6 +127,13 @@ def threads_for_this_thread() -> int:
     a face took 3.1 s on 2 threads in a worker thread against 0.3 s on 1
     (experiments/demo-latency/worker_threads.py)."""
     return torch.get_num_threads() if threading.current_thread() is threading.main_thread() else 1
+
+
+def uses_amx() -> bool:
+    """Whether the engine multiplies bfloat16 matrices on this processor's AMX tiles (engine.cpp's
+    amx_range): then a model's bf16 weights are packed for them, and its outputs differ in the
+    last bits from a processor's without AMX."""
+    return bool(library().engine_amx())
 
 
 def available() -> bool:
@@ -174,6 +182,7 @@ class Weights:
         cfg = model.cfg
         self.cfg = cfg
         keep = []  # every tensor a pointer refers to stays alive with this object
+        amx = uses_amx()
 
         def f(t, transpose=False):
             t = _f32(t.t() if transpose else t)
@@ -184,12 +193,18 @@ class Weights:
             t = _f32(w.t())
             rows, cols = t.shape
             t = t.reshape(rows, cols // 16, 16).transpose(0, 1).contiguous()
-            if torch.equal(t.to(torch.bfloat16).to(torch.float32), t):
+            kind = 0
+            if torch.equal(t.to(torch.bfloat16).to(torch.float32), t) and amx:
+                # for the tiles (engine.cpp's amx_range): a panel's inputs in pairs, K padded to 32
+                rows = (rows + 31) // 32 * 32
+                t = torch.cat([t, t.new_zeros(len(t), rows - len(t[0]), 16)], 1).reshape(len(t), rows // 2, 2, 16)
+                t, kind = t.transpose(2, 3).contiguous().to(torch.bfloat16), 2
+            elif torch.equal(t.to(torch.bfloat16).to(torch.float32), t):
                 # bf16 panels in interleaved pairs (engine.cpp's Mat), a zero panel after an odd last one
                 t = torch.cat([t, t.new_zeros(len(t) % 2, rows, 16)]).reshape(-1, 2, rows, 16)
-                t = t.permute(0, 2, 3, 1).contiguous().to(torch.bfloat16)
+                t, kind = t.permute(0, 2, 3, 1).contiguous().to(torch.bfloat16), 1
             keep.append(t)
-            return _Mat(t.data_ptr(), int(t.dtype == torch.bfloat16), rows)
+            return _Mat(t.data_ptr(), kind, rows)
 
         layers = (_Layer * cfg.n_dec_layers)()
         for L, layer in zip(layers, model.decoder):

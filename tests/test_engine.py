@@ -19,16 +19,38 @@ def _image(seed, B=2):
     return src, tgt, torch.cat([torch.full((B, 1), -1), tgt[:, :-1]], 1)
 
 
+def _bf16_kind(bf16_weights: bool) -> int:
+    """How the engine keeps a bfloat16 matrix: 0 float32; 1 bf16 panel pairs for its float32
+    multiply-adds; 2 bf16 panels for the processor's AMX tiles, which round the inputs to bf16."""
+    return (2 if engine.uses_amx() else 1) if bf16_weights else 0
+
+
+def _round_inputs(module):
+    """As the engine's products on the AMX tiles do: inputs rounded to bfloat16."""
+    module.register_forward_pre_hook(lambda mod, inputs: (inputs[0].bfloat16().to(inputs[0].dtype),))
+
+
+def _assert_near(got, want, atol, rounded):
+    err = (got.double() - want).abs()
+    if rounded:  # an input the two round differently (float32 against float64 next to a bf16
+        # rounding boundary) moves a few outputs by about a bf16 step's worth
+        assert (err > atol).double().mean() < 0.01 and err.max() < 10 * atol, err.max()
+    else:
+        assert err.max() < atol, err.max()
+
+
 @pytest.mark.parametrize("seed, bf16_weights, d_ff", [(0, False, 64), (1, True, 64), (2, True, 48)])
 def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff):
     """bf16_weights: every weight a bfloat16 value (a model trained in bf16), which the engine
-    keeps in bfloat16 (the same numbers in half the bytes, two 16-column panels interleaved); it
-    then keeps keys and values in bfloat16 too, as bf16 training made them: the float64 reference
-    rounds them where they are made. d_ff 48: an odd number of panels (the last one's pair is
-    zeros)."""
+    keeps in bfloat16 (the same numbers in half the bytes); it then keeps keys and values in
+    bfloat16 too, as bf16 training made them, and where the processor has AMX its products take
+    their inputs rounded to bfloat16, as autocast did in training: the float64 reference rounds
+    the same tensors where they are made. d_ff 48: an odd number of panels."""
     m = make_tiny(seed, d_ff=d_ff)
     m = (m.to(torch.bfloat16) if bf16_weights else m).double()
-    assert engine.packed(m).struct.lm_w.bf16 == engine.packed(m).struct.kv_bf16 == int(bf16_weights)
+    packed = engine.packed(m).struct
+    assert packed.lm_w.bf16 == _bf16_kind(bf16_weights) and packed.kv_bf16 == int(bf16_weights)
+    on_tiles = _bf16_kind(bf16_weights) == 2
     if bf16_weights:
         d = m.cfg.d_model
 
@@ -37,6 +59,12 @@ def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff
         for layer in m.decoder:
             layer.self_attn.qkv.register_forward_hook(lambda mod, i, o: kv_in_bf16(mod, i, o, first=d))
             layer.cross_attn.kv.register_forward_hook(kv_in_bf16)
+            if on_tiles:
+                for lin in (layer.self_attn.qkv, layer.self_attn.out, layer.cross_attn.q, layer.cross_attn.out,
+                            layer.ff.up, layer.ff.down):
+                    _round_inputs(lin)
+        if on_tiles:
+            _round_inputs(m.lm_head)
     src, tgt, prev = _image(seed)
     with torch.no_grad():
         full = m(src, tgt)
@@ -51,8 +79,8 @@ def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff
             states.append(h)
             zs.append(z)
             t += n
-        torch.testing.assert_close(torch.cat(states).double(), full[b], rtol=0, atol=2e-4)
-        torch.testing.assert_close(torch.cat(zs).double(), logits[b], rtol=0, atol=2e-3)
+        _assert_near(torch.cat(states), full[b], 2e-4, on_tiles)
+        _assert_near(torch.cat(zs), logits[b], 2e-3, on_tiles)
 
 
 @pytest.mark.parametrize("bf16_weights", [False, True])
@@ -110,12 +138,12 @@ def test_an_images_output_does_not_depend_on_its_batch(bf16_weights, threads):
 
 
 @pytest.mark.parametrize("bf16_weights", [False, True])
-def test_drafted_blocks_are_the_torch_heads_proposals(bf16_weights):
-    """bf16: the heads' matrices kept in bfloat16 panel pairs, an odd number of them (9 heads'
-    hidden layers of 16)."""
+def test_drafted_blocks_are_the_torch_heads_proposals(bf16_weights, monkeypatch):
+    """bf16: the heads' matrices kept in bfloat16, an odd number of 16-column panels (9 heads'
+    hidden layers of 16); on AMX tiles their inputs rounded to bfloat16, in the reference too."""
     m = make_tiny(6)
     m = (m.to(torch.bfloat16) if bf16_weights else m).double()
-    assert engine.packed(m).struct.heads_up_w.bf16 == int(bf16_weights)
+    assert engine.packed(m).struct.heads_up_w.bf16 == _bf16_kind(bf16_weights)
     src, tgt, prev = _image(6, B=1)
     k = m.cfg.n_blockwise
     batch = engine.Batch(m, src, k=k)
@@ -123,6 +151,10 @@ def test_drafted_blocks_are_the_torch_heads_proposals(bf16_weights):
     with torch.no_grad():
         full = m(src, tgt)
         first = m.logits(full[:, pos], src, pos[None]).argmax(-1)[0]
+        if _bf16_kind(bf16_weights) == 2:  # the heads' products and p1's logits on the tiles
+            linear = torch.nn.functional.linear
+            monkeypatch.setattr(torch.nn.functional, "linear",
+                                lambda x, *a: linear(x.bfloat16().to(x.dtype), *a))
         want = torch.stack([m.draft_heads(full[:, p], k, src, pos[i:i + 1], tgt, first=first[i:i + 1])[0]
                             for i, p in enumerate(pos.tolist())])
     got = torch.cat([batch.draft(batch.options(), 0, full[0, p][None], pos[i:i + 1], first[i:i + 1], tgt[0])
