@@ -1,18 +1,83 @@
-# Seconds a face for the apps' settings at batch 1 and 16, on this tree's engine (run it with and without
-# amx-engine.patch applied: PYTHONPATH=. python experiments/amx-tiles/decode_speed.py)
-import time, numpy as np, torch, dataclasses
+# The engine with its bf16 products on the AMX tiles against the same engine with float32
+# multiply-adds, in one process, rounds interleaved: call costs, seconds a face, and the outputs'
+# quality. The multiply-add copy is packed as on a processor without AMX (engine.uses_amx False
+# while it is packed); both copies run the same engine.cpp.
+#   PYTHONPATH=. python experiments/amx-tiles/decode_speed.py [--threads 2]
+import argparse
+import time
+
+import numpy as np
+import torch
+from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+from sr_blockwise import bench, engine
 from sr_blockwise.checkpoints import load_model
-from sr_blockwise.data import load_faces, downsample_8
-from sr_blockwise.decoding import DecodeOptions, decode
-torch.set_num_threads(2)
-m = load_model("cpu-finetuned", dtype=torch.float32)
-lr = downsample_8(load_faces(None).part("test").images[:16])
-out = []
-for B, n in ((1, 3), (16, 16)):
-    for spec in ("greedy", "exact:k=2", "eps=2:k=2", "eps=2:k=6", "sample:k=4:T=0.8"):
-        o = dataclasses.replace(DecodeOptions.parse(spec), prior_weight=2.0)
-        t = time.perf_counter()
-        for i in range(0, n, B):
-            decode(m, lr[i:i + B], o)
-        out.append(f"B{B} {spec} {(time.perf_counter() - t) / n:.3f}")
-print(" | ".join(out))
+from sr_blockwise.data import downsample_8, load_faces
+from sr_blockwise.decoding import decode, options_for
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--rounds", type=int, default=2)
+args = ap.parse_args()
+torch.set_num_threads(args.threads)
+assert engine.uses_amx(), "this processor (or its kernel) gives the engine no AMX tiles"
+
+
+def packed_model(tiles: bool):
+    real = engine.uses_amx
+    engine.uses_amx = lambda: tiles
+    try:
+        m = load_model("cpu-finetuned", dtype=torch.float32)
+        engine.packed(m)
+    finally:
+        engine.uses_amx = real
+    assert engine.packed(m).struct.layers[0].up_w.bf16 == (2 if tiles else 1)
+    return m
+
+
+models = {"multiply-adds": packed_model(False), "tiles": packed_model(True)}
+hr = load_faces(part="test").images[:32]
+lr = downsample_8(hr)
+modes = (("greedy", 1), ("exact", 2), ("approx", 2), ("approx", 6), ("exact", 6))
+cost, speed = {}, {}
+for _ in range(args.rounds):
+    for name, m in models.items():
+        for B in (1, 16):
+            for n in (1, 2, 4, 7):
+                ms = bench.time_call(m, n, B, max(30, 400 // B)) * 1e3
+                cost[name, B, n] = min(cost.get((name, B, n), 1e9), ms)
+            faces = 8 if B == 1 else 16
+            for mode, k in modes:
+                t = time.perf_counter()
+                for i in range(0, faces, B):
+                    decode(m, lr[i:i + B], options_for(mode, k, 2, prior_weight=2.0))
+                s = (time.perf_counter() - t) / faces
+                speed[name, B, mode, k] = min(speed.get((name, B, mode, k), 1e9), s)
+
+print(f"# {bench.machine()}; shipped cpu-finetuned, input guidance 2; fastest of {args.rounds} rounds")
+print("\n## One call (ms; bench.time_call, verify only)\n| kernel | batch | 1 token | 2 | 4 | 7 | 7 vs 1 |\n|---|---|---|---|---|---|---|")
+for B in (1, 16):
+    for name in models:
+        c = [cost[name, B, n] for n in (1, 2, 4, 7)]
+        print(f"| {name} | {B} | " + " | ".join(f"{v:.3f}" for v in c) + f" | {c[3] / c[0]:.2f}x |")
+print("\n## Seconds a face (faces 0-7 at batch 1, 0-15 at batch 16); in brackets: against the same kernel's greedy")
+print("| kernel | batch | " + " | ".join(f"{m} k={k}" for m, k in modes) + " |\n|---|---|" + "---|" * len(modes))
+for B in (1, 16):
+    for name in models:
+        g = speed[name, B, "greedy", 1]
+        print(f"| {name} | {B} | " + " | ".join(f"{speed[name, B, m, k]:.4f} ({g / speed[name, B, m, k]:.2f}x)" for m, k in modes) + " |")
+
+print("\n## Quality, 32 held-out faces, against the real face")
+print("| kernel | mode | PSNR | SSIM | mean block |\n|---|---|---|---|---|")
+out = {}
+for mode, k in (("greedy", 1), ("approx", 6)):
+    for name, m in models.items():
+        r = decode(m, lr, options_for(mode, k, 2, prior_weight=2.0))
+        out[name, mode] = r.images
+        p = np.mean([peak_signal_noise_ratio(h, o, data_range=255) for h, o in zip(hr, r.images)])
+        s = np.mean([structural_similarity(h, o, channel_axis=-1, data_range=255) for h, o in zip(hr, r.images)])
+        print(f"| {name} | {mode} k={k} | {p:.2f} | {s:.4f} | {np.mean([st.mean_block for st in r.stats]):.3f} |")
+for mode in ("greedy", "approx"):
+    a, b = out["multiply-adds", mode], out["tiles", mode]
+    print(f"\n{mode}: {np.mean(a == b):.1%} of intensities the same in both; the two outputs "
+          f"{np.mean([peak_signal_noise_ratio(x, y, data_range=255) for x, y in zip(a, b)]):.1f} dB PSNR apart")
