@@ -260,14 +260,21 @@ extern "C" int engine_amx() {
 // a 16-row tile of bf16 inputs by 32 x 16 bf16 weights into float32 sums, and an output row reads
 // only its own input row, so a row's result is the same in any tile, call or batch (exact mode
 // and batch independence hold as with the multiply-adds), while a product over 1 to 16 rows costs
-// what one row does: a verify call's extra tokens ride on the weight loads. The inputs are
+// what one row does: a verify call's extra tokens ride on the weight loads (at batch 1 the
+// weights come from L3 in every call, and there the tiles wait on them 3-7% longer than the
+// multiply-adds: experiments/amx-tiles/). The inputs are
 // rounded to bf16 first, as bf16 training (autocast) rounded them; the tiles' sums differ from
 // the multiply-adds' in the last bits (experiments/amx-tiles/), so outputs differ between
 // processors with and without AMX.
 
 // A thread's bf16 copy of a product's inputs, 16-row tiles (rows past n are zeros or stale
 // inputs: they only reach their own, discarded, output rows), and the tile rows it configured
-struct AmxThread { uint16_t* p = nullptr; size_t cap = 0; int rows = 0; };
+struct AmxThread {
+    uint16_t* p = nullptr;
+    size_t cap = 0;
+    int rows = 0;
+    ~AmxThread() { std::free(p); }
+};
 static thread_local AmxThread amx_thread;
 
 // The tiles' shapes are the thread's: A and C tiles as many rows as the product has (up to 16:
