@@ -265,11 +265,11 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
     machine_use = {"batch": max(batches), "greedy_images_per_s": big["images_per_s"],
                    "decoder_gflops": flops / 1e9, "fp32_matmul_gflops": rate / 1e9, "share": flops / rate,
                    "bf16_matmul_gflops": rate_bf16 / 1e9, "share_bf16": flops / rate_bf16,
-                   "amx": native.available() and native.uses_amx()}
+                   "amx": bool(native.available() and native.uses_amx() and native.packed(model).bf16)}
     print(f"\ngreedy at batch {max(batches)}: {big['images_per_s']:.2f} images/s, {flops / 1e9:.1f} GFLOP/s "
           f"of decoder arithmetic = {flops / rate:.1%} of this machine's fp32 matrix-product rate "
           f"({rate / 1e9:.0f} GFLOP/s), {flops / rate_bf16:.1%} of its bf16 rate ({rate_bf16 / 1e9:.0f} GFLOP/s; "
-          f"the engine's bf16 products {'run on the AMX tiles' if machine_use['amx'] else 'widen to float32'})")
+          f"the engine's {'bf16 products run on the AMX tiles' if machine_use['amx'] else 'products are float32 multiply-adds'})")
     result = {"weights": label, "machine": machine(), "call_cost": calls, "breakdown": parts,
               "decode": decode_rows, "machine_use": machine_use, "images": int(n_images),
               "prior_weight": prior_weight, "dtype": dtype}

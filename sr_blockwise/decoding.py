@@ -765,11 +765,11 @@ MODES = ("greedy", "exact", "approx", "sample")
 # held-out faces (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
 # the block size the apps decode with unless told otherwise: on the native engine (2 threads) a
-# 2-token call costs 1.4x a 1-token one and a 7-token call 3x, so k=2 is the fastest exact and
-# approximate setting (sr-blockwise bench-decode, batch 1: eps=2 1.23x greedy against 1.01x at
-# k=6, exact 0.99x against 0.56x); on one thread k=4 is faster for eps=2 (1.53x against 1.38x);
-# speculative sampling at batch 8: 1.18-1.20x plain sampling against 0.93-0.98x at k=6 (at batch
-# 1 k=4 is faster still: experiments/speculative-sampling/)
+# 2-token call costs 1.3x a 1-token one and a 7-token call 2.7x, so k=2 is the fastest exact and
+# approximate setting (sr-blockwise bench-decode, batch 1: eps=2 1.26x greedy against 1.17x at
+# k=6, exact 1.02x against 0.63x); on one thread k=4 is faster for eps=2 (1.55x against 1.39x),
+# and so it is for speculative sampling (batch 8: 1.41-1.54x plain sampling against 1.25-1.32x
+# at k=2; batch 1 likewise: experiments/speculative-sampling/)
 DEFAULT_K = 2
 
 

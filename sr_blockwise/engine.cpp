@@ -260,9 +260,9 @@ extern "C" int engine_amx() {
 // a 16-row tile of bf16 inputs by 32 x 16 bf16 weights into float32 sums, and an output row reads
 // only its own input row, so a row's result is the same in any tile, call or batch (exact mode
 // and batch independence hold as with the multiply-adds), while a product over 1 to 16 rows costs
-// what one row does: a verify call's extra tokens ride on the weight loads (at batch 1 the
-// weights come from L3 in every call, and there the tiles wait on them 3-7% longer than the
-// multiply-adds: experiments/amx-tiles/). The inputs are
+// what one row does: a verify call's extra tokens ride on the weight loads (at batch 1, where a
+// call reads ~1.4 MB of weights and attention windows a core, a 1-token call took 9% longer on
+// the tiles than with the multiply-adds: experiments/amx-tiles/). The inputs are
 // rounded to bf16 first, as bf16 training (autocast) rounded them; the tiles' sums differ from
 // the multiply-adds' in the last bits (experiments/amx-tiles/), so outputs differ between
 // processors with and without AMX.
@@ -280,8 +280,9 @@ static thread_local AmxThread amx_thread;
 // The tiles' shapes are the thread's: A and C tiles as many rows as the product has (up to 16:
 // fewer rows, less to load and store), B tiles 16 pairs of inputs x 16 columns. Set up again in
 // every call (amx_call_start), as PyTorch's own AMX kernels (oneDNN) set theirs on the same
-// threads between calls, and within a call only when the rows change (ldtilecfg was half the
-// cost of preparing a product's inputs).
+// threads between calls, within a call only when the rows change (a profile put about half of
+// preparing a product's inputs in ldtilecfg), and released at the call's end (amx_call_end: no
+// tile state for the kernel to save while the thread does other work).
 static void configure_tiles(int rows) {
     if (amx_thread.rows == rows) return;
     struct { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } c;
@@ -292,17 +293,23 @@ static void configure_tiles(int rows) {
     amx_thread.rows = rows;
 }
 #endif
-// at the start of a call, on each of its threads
+// at the start and the end of a call, on each of its threads
 static inline void amx_call_start() {
 #if ENGINE_AMX
+    amx_thread.rows = 0;
+#endif
+}
+static inline void amx_call_end() {
+#if ENGINE_AMX
+    if (amx_thread.rows) _tile_release();
     amx_thread.rows = 0;
 #endif
 }
 #if ENGINE_AMX
 
 // x (n rows of K, stride ldx) rounded to bf16 (nearest, ties to even) in the thread's copy, rows
-// ldb apart (K rounded up to 32, zeros after K; a multiple of 64 bytes: unaligned tile loads took
-// 2.9x as long), and the tiles configured
+// ldb apart (K rounded up to 32, zeros after K; a multiple of 64 bytes, as tile loads want), and
+// the tiles configured
 static const uint16_t* rows_bf16(const float* x, int ldx, int n, int K, int* ldb) {
     configure_tiles(n < 1 ? 1 : n < 16 ? n : 16);  // 0 rows is no valid shape (a call with no image left)
     const int K32 = (K + 31) & ~31, ld = K32 * 2 % 4096 ? K32 : K32 + 32;  // rows not 4 KB apart (one cache set)
@@ -607,7 +614,10 @@ struct ThreadBuf {
         scores = (float*)std::aligned_alloc(64, (n_scores + 3 * OWN_ROWS * (size_t)d) * sizeof(float));
         own = scores + n_scores;
     }
-    ~ThreadBuf() { std::free(scores); }
+    ~ThreadBuf() {
+        amx_call_end();
+        std::free(scores);
+    }
     ThreadBuf(const ThreadBuf&) = delete;
     Stream stream(const Work& w, int R) const {
         if (R > OWN_ROWS) return {w.x, w.xn, w.h, false};
@@ -1167,6 +1177,7 @@ extern "C" void engine_draft(const Engine* E, const Options* o, int b, int m, co
     {
         amx_call_start();
         draft(E, o, m, imgs, hs, pos, ptrs, ptrs + m, w);
+        amx_call_end();
     }
     std::free(imgs); std::free(ptrs);
 }

@@ -19,6 +19,24 @@ def _image(seed, B=2):
     return src, tgt, torch.cat([torch.full((B, 1), -1), tgt[:, :-1]], 1)
 
 
+# the kernels for bf16 weights: float32 multiply-adds (every processor), and AMX tiles where the
+# processor has them; each test with bf16 weights runs on both where it can
+KERNELS = ["multiply-adds", "tiles"]
+
+
+def _use(kernel: str, monkeypatch):
+    """Pack bf16 matrices for `kernel` (multiply-adds: as on a processor without AMX)."""
+    if kernel == "tiles" and not engine.uses_amx():
+        pytest.skip("this processor (or its kernel) gives the engine no AMX tiles")
+    monkeypatch.setattr(engine, "uses_amx", lambda: kernel == "tiles")
+
+
+def test_the_tiles_are_used_where_the_processor_has_them():
+    if not {b"amx_tile", b"amx_bf16"} <= set(engine._cpu_flags().split()):
+        pytest.skip("no AMX on this processor")
+    assert engine.uses_amx()  # else the kernel refused the tiles' state: decoding falls back silently
+
+
 def _bf16_kind(bf16_weights: bool) -> int:
     """How the engine keeps a bfloat16 matrix: 0 float32; 1 bf16 panel pairs for its float32
     multiply-adds; 2 bf16 panels for the processor's AMX tiles, which round the inputs to bf16."""
@@ -39,13 +57,16 @@ def _assert_near(got, want, atol, rounded):
         assert err.max() < atol, err.max()
 
 
-@pytest.mark.parametrize("seed, bf16_weights, d_ff", [(0, False, 64), (1, True, 64), (2, True, 48)])
-def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff):
+@pytest.mark.parametrize("seed, bf16_weights, d_ff, kernel", [(0, False, 64, "multiply-adds")] + [
+    (seed, True, d_ff, kernel) for seed, d_ff in ((1, 64), (2, 48)) for kernel in KERNELS])
+def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff, kernel, monkeypatch):
     """bf16_weights: every weight a bfloat16 value (a model trained in bf16), which the engine
     keeps in bfloat16 (the same numbers in half the bytes); it then keeps keys and values in
     bfloat16 too, as bf16 training made them, and where the processor has AMX its products take
     their inputs rounded to bfloat16, as autocast did in training: the float64 reference rounds
-    the same tensors where they are made. d_ff 48: an odd number of panels."""
+    the same tensors where they are made (under 1% of the outputs beyond atol: without the
+    rounding about half are). d_ff 48: an odd number of panels."""
+    _use(kernel, monkeypatch)
     m = make_tiny(seed, d_ff=d_ff)
     m = (m.to(torch.bfloat16) if bf16_weights else m).double()
     packed = engine.packed(m).struct
@@ -83,10 +104,12 @@ def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff
         _assert_near(torch.cat(zs), logits[b], 2e-3, on_tiles)
 
 
-@pytest.mark.parametrize("bf16_weights", [False, True])
-def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_tokens(bf16_weights):
+@pytest.mark.parametrize("bf16_weights, kernel", [(False, "multiply-adds")] + [(True, k) for k in KERNELS])
+def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_tokens(bf16_weights, kernel,
+                                                                                    monkeypatch):
     """Greedy feeds one token per call; a verify call feeds k, some of them later rejected (their
     K/V is overwritten when the position comes again). On a random model of the shipped preset."""
+    _use(kernel, monkeypatch)
     torch.manual_seed(0)
     m = ImageTransformerSR(preset("cpu")).eval()
     torch.nn.init.normal_(m.lr_emb.weight, std=0.1)
@@ -110,12 +133,14 @@ def test_a_querys_state_is_the_same_alone_or_in_a_verify_call_with_rejected_toke
     assert torch.equal(torch.cat(states)[:T], alone)
 
 
-@pytest.mark.parametrize("bf16_weights,threads", [(False, 1), (True, 1), (False, 2), (True, 2)])
-def test_an_images_output_does_not_depend_on_its_batch(bf16_weights, threads):
+@pytest.mark.parametrize("bf16_weights, threads, kernel", [(False, t, "multiply-adds") for t in (1, 2)] + [
+    (True, t, k) for t in (1, 2) for k in KERNELS])
+def test_an_images_output_does_not_depend_on_its_batch(bf16_weights, threads, kernel, monkeypatch):
     """threads 2: a batch of 2 images a thread goes by image at k > 1 (each thread decodes its own
     share alone); greedy, a smaller batch, and an image alone, by team (the threads share each
     product, and in calls of up to 8 rows each keeps its own copy of the residual stream). The
-    same arithmetic every way."""
+    same arithmetic every way; on the tiles, products of up to 30 rows (a partial last tile)."""
+    _use(kernel, monkeypatch)
     m = make_tiny(5)
     m = (m.to(torch.bfloat16) if bf16_weights else m).for_inference(torch.float32)
     assert engine.packed(m).bf16 == bf16_weights
@@ -137,10 +162,11 @@ def test_an_images_output_does_not_depend_on_its_batch(bf16_weights, threads):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("bf16_weights", [False, True])
-def test_drafted_blocks_are_the_torch_heads_proposals(bf16_weights, monkeypatch):
+@pytest.mark.parametrize("bf16_weights, kernel", [(False, "multiply-adds")] + [(True, k) for k in KERNELS])
+def test_drafted_blocks_are_the_torch_heads_proposals(bf16_weights, kernel, monkeypatch):
     """bf16: the heads' matrices kept in bfloat16, an odd number of 16-column panels (9 heads'
     hidden layers of 16); on AMX tiles their inputs rounded to bfloat16, in the reference too."""
+    _use(kernel, monkeypatch)
     m = make_tiny(6)
     m = (m.to(torch.bfloat16) if bf16_weights else m).double()
     assert engine.packed(m).struct.heads_up_w.bf16 == _bf16_kind(bf16_weights)
@@ -190,11 +216,16 @@ def test_changed_weights_are_packed_again():
     assert np.array_equal(after, decode(fresh, lr, DecodeOptions(k=1)).images)
 
 
-def test_output_does_not_depend_on_the_thread_count():
+@pytest.mark.parametrize("bf16_weights, kernel", [(False, "multiply-adds"), (True, "tiles")])
+def test_output_does_not_depend_on_the_thread_count(bf16_weights, kernel, monkeypatch):
     """Two OpenMP threads on the main thread, one in a worker thread (threads_for_this_thread):
-    each output is computed by one thread with the same operations, so the faces are the same."""
+    each output is computed by one thread with the same operations, so the faces are the same.
+    Tiles: a worker thread's own tile set-up and input buffer, as in the demo."""
     import threading
-    m = make_tiny(8).for_inference(torch.float32)
+    _use(kernel, monkeypatch)
+    m = make_tiny(8)
+    m = (m.to(torch.bfloat16) if bf16_weights else m).for_inference(torch.float32)
+    assert engine.packed(m).struct.lm_w.bf16 == _bf16_kind(bf16_weights)
     lr = np.random.default_rng(8).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
     opts = DecodeOptions(k=6, rule="eps", eps=2)
     threads = torch.get_num_threads()

@@ -385,8 +385,9 @@ def test_resume_reads_back_whole_saved_groups(tiny_weights, celeba_npz, tmp_path
     assert len(ev.DecodeStore(store, True, "d").load_group(keys)) == 5
 
 
-def test_store_keys_tell_rows_apart():
-    """k=1 exact decodes with the same options as greedy, but is its own row: its own batch file."""
+def test_store_keys_tell_rows_apart(monkeypatch):
+    """k=1 exact decodes with the same options as greedy, but is its own row: its own batch file.
+    A batch decoded on AMX tiles is not one decoded with multiply-adds (their outputs differ)."""
     store = ev.DecodeStore(None, True, "test")
     lr = np.zeros((2, 8, 8, 3), np.uint8)
     opts = ev.Mode("exact").options(1)
@@ -396,6 +397,11 @@ def test_store_keys_tell_rows_apart():
     assert a != store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr + 1)
     assert a != store.key("other", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr)
     assert a == store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr.copy())
+    from sr_blockwise import engine
+    tiles = engine.available() and engine.uses_amx()
+    monkeypatch.setattr(engine, "available", lambda: True)
+    monkeypatch.setattr(engine, "uses_amx", lambda: not tiles)
+    assert a != store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr)
 
 
 def test_prior_weight_run_is_exact_recorded_and_not_merged_with_others(smoke, tiny_weights, celeba_npz, tmp_path):

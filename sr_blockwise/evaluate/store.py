@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import engine
 from ..decoding import DecodeOptions, DecodeStats, decode
 
 
@@ -19,13 +20,15 @@ STORE_VERSION = 1  # layout of a DecodeStore batch file
 
 # the code a stored batch's output and timing depend on: a change to it invalidates the store
 CODE_VERSION = hashlib.sha256(b"".join((Path(__file__).parent.parent / f).read_bytes()
-                                       for f in ("decoding.py", "model.py", "heads.py"))).hexdigest()[:16]
+                                       for f in ("decoding.py", "model.py", "heads.py", "engine.py",
+                                                 "engine.cpp"))).hexdigest()[:16]
 
 class DecodeStore:
     """Finished decode batches on disk, one .npz each, so that a long evaluation (hours on a CPU)
     can be stopped and resumed. A batch's key is the hash of everything its output and timing
     depend on: the store format, the decoding code (CODE_VERSION), the weights file's sha256, the
-    row (job) and its decode options, dtype, device, torch version and threads, and the 8x8 input
+    row (job) and its decode options, dtype, device, torch version and threads, whether the native
+    engine multiplies on AMX tiles (its outputs differ from the multiply-adds'), and the 8x8 input
     bytes. Every batch keeps the sitting (process) that decoded it, so the report can say when
     timings come from more than one."""
 
@@ -38,7 +41,8 @@ class DecodeStore:
     def key(self, weights_sha: str, job: str, opts: DecodeOptions, dtype: str, device: str,
             lr: np.ndarray) -> str:
         h = hashlib.sha256(json.dumps([STORE_VERSION, CODE_VERSION, weights_sha, job, repr(opts), dtype, device,
-                                       torch.__version__, torch.get_num_threads(), list(lr.shape)]).encode())
+                                       torch.__version__, torch.get_num_threads(), list(lr.shape),
+                                       engine.available() and engine.uses_amx()]).encode())
         h.update(np.ascontiguousarray(lr).tobytes())
         return h.hexdigest()[:32]
 
