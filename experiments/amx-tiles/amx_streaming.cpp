@@ -9,7 +9,7 @@
 //   g++ -O3 -march=native -std=c++17 experiments/amx-tiles/amx_streaming.cpp -o amx_streaming && ./amx_streaming; rm -f amx_streaming
 #include <cstdlib>
 #include <vector>
-#include "amx_tiles.h"  // amx_tiles_ready
+#include "amx_tiles.h"  // amx_tiles_ready, amx_product (one set of tiles)
 static const int K = 512, N = 128;
 #include "../engine_kernel.h"  // fma_tile
 
@@ -22,21 +22,7 @@ static void tiles_for_rows(int rows, int a_and_c) {
     _tile_loadconfig(&cfg);
 }
 
-// W in panels of K x 16, a panel's inputs in pairs (as engine.py packs it for the tiles)
-static void one_set(const uint16_t* xb, const uint16_t* W, float* y) {
-    for (int p = 0; p < N / 16; p += 4) {
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        for (int k = 0; k < K; k += 32) {
-            _tile_loadd(4, xb + k, K * 2);
-            _tile_loadd(5, W + ((size_t)(p + 0) * K + k) * 16, 64); _tile_dpbf16ps(0, 4, 5);
-            _tile_loadd(6, W + ((size_t)(p + 1) * K + k) * 16, 64); _tile_dpbf16ps(1, 4, 6);
-            _tile_loadd(7, W + ((size_t)(p + 2) * K + k) * 16, 64); _tile_dpbf16ps(2, 4, 7);
-            _tile_loadd(5, W + ((size_t)(p + 3) * K + k) * 16, 64); _tile_dpbf16ps(3, 4, 5);
-        }
-        _tile_stored(0, y + (p + 0) * 16, N * 4); _tile_stored(1, y + (p + 1) * 16, N * 4);
-        _tile_stored(2, y + (p + 2) * 16, N * 4); _tile_stored(3, y + (p + 3) * 16, N * 4);
-    }
-}
+// the tiles as engine.cpp's amx_block runs them, two steps' A and B tiles alternating: C 0-1, A 2-3, B 4-7
 static void alternating(const uint16_t* xb, const uint16_t* W, float* y) {
     for (int p = 0; p < N / 16; p += 2) {
         const uint16_t *w0 = W + (size_t)p * K * 16, *w1 = w0 + (size_t)K * 16;
@@ -77,7 +63,7 @@ int main() {
         auto next = [&] { return W + (i++ % n) * per; };
         const double fma = median_ns([&] { const uint16_t* w = next(); fma_tile<1, 4>(x, w, y, N); fma_tile<1, 4>(x, w + 4 * per / 8, y + 64, N); });
         tiles_for_rows(1, 5);
-        const double one = median_ns([&] { one_set(xb, next(), y); });
+        const double one = median_ns([&] { amx_product(xb, next(), y, K, N); });
         tiles_for_rows(1, 4);
         const double alt = median_ns([&] { alternating(xb, next(), y); });
         printf("| %zu KB | %.0f | %.0f | %.0f |\n", n * per * 2 / 1024, fma, one, alt);
