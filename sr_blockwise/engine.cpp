@@ -426,17 +426,24 @@ static void linear(const float* x, int ldx, int n, Mat W, const float* b, float*
 }
 
 // columns [c0, c0 + nc) of y = b + x W for n rows, on the calling thread alone: the same sums as linear's
-static void lin_cols(const float* x, int ldx, int n, Mat W, int c0, int nc, const float* b, float* y, int ldy, int K) {
+// (parts ranges, `stride` columns apart: a head's query, key and value columns of the QKV product,
+// from inputs rounded to bf16 once for all of them on the tiles)
+static void lin_cols(const float* x, int ldx, int n, Mat W, int c0, int nc, const float* b, float* y, int ldy, int K,
+                     int parts = 1, int stride = 0) {
     const size_t panel = (size_t)W.rows * 16;
 #if ENGINE_AMX
     if (W.bf16 == 2) {
         int ldb;
         const uint16_t* xb = rows_bf16(x, ldx, n, K, &ldb);
-        return amx_range(xb, ldb, n, (const uint16_t*)W.p, panel, c0, nc, b, y, ldy, K);
+        for (int p = 0; p < parts; p++)
+            amx_range(xb, ldb, n, (const uint16_t*)W.p, panel, c0 + p * stride, nc, b, y, ldy, K);
+        return;
     }
 #endif
-    if (W.bf16) lin_range(x, ldx, n, (const uint16_t*)W.p, panel, c0, nc, b, y, ldy, K);
-    else lin_range(x, ldx, n, (const float*)W.p, panel, c0, nc, b, y, ldy, K);
+    for (int p = 0; p < parts; p++) {
+        if (W.bf16) lin_range(x, ldx, n, (const uint16_t*)W.p, panel, c0 + p * stride, nc, b, y, ldy, K);
+        else lin_range(x, ldx, n, (const float*)W.p, panel, c0 + p * stride, nc, b, y, ldy, K);
+    }
 }
 
 // the sums over 16 lanes (i mod 16), then across the lanes in a fixed tree; d % 16 == 0
@@ -684,8 +691,8 @@ static void self_attention(const Engine* E, int li, int m, const int* imgs, int 
         const int i = ih / H, h = ih % H, b = imgs[i];
         float* qkv = w.qkv + (size_t)i * n * 3 * d;
         if (s.own) {
-            for (int part = 0; part < 3; part++)  // the head's queries, keys, values
-                lin_cols(s.xn + (size_t)i * n * d, d, n, Ly.qkv_w, part * d + h * hd, hd, Ly.qkv_b, qkv, 3 * d, d);
+            // the head's queries, keys and values
+            lin_cols(s.xn + (size_t)i * n * d, d, n, Ly.qkv_w, h * hd, hd, Ly.qkv_b, qkv, 3 * d, d, 3, d);
             mark(E, ST_QKV);
         }
         write_kv<KV>(E, li, b, h, n, pos0[i], qkv);
