@@ -86,16 +86,18 @@ struct Engine {
     const float *nbr_prior;  // (K-1, refs, 3, 511)
     // per image
     int B, cache_len;
-    // Keys and values are float32, or bfloat16 where the decoder layers' weights are all bfloat16
-    // (a decoder trained in bf16, whose keys and values were bf16 there too): half the bytes to
-    // read, and reading them is most of an attention call (1.8 MB an image a call in float32).
+    // Keys and values are float32 (kv_bf16 0), or bfloat16 where the decoder layers' weights are
+    // all bfloat16 (a decoder trained in bf16, whose keys and values were bf16 there too): half
+    // the bytes to read, and reading them is most of an attention call (1.8 MB an image a call in
+    // float32). kv_bf16 1: attention with float32 multiply-adds; 2: on AMX tiles (a head's width a
+    // multiple of 32; see attend_group_tiles).
     int kv_bf16;
-    // per layer: keys (B, H, cache_len / 32, d / H, 32) and values (B, H, cache_len, d / H), per
-    // head and in tiles of 32 keys (see attend_group). A ring: position p
+    // per layer: keys and values, cache_len * d / H of each an image and head, laid out as key_at
+    // and value_at say. A ring: position p
     // lives in slot p mod 3L, and slots below L again at +3L, so every window (2 blocks from a
     // block start) is contiguous; 3 blocks suffice because a call writes at most MAXK < L ahead.
     void **k_cache, **v_cache;
-    const void **enc_k, **enc_v;  // per layer: keys (B, H, 192 / 32, d / H, 32); values (B, H, 192, d / H)
+    const void **enc_k, **enc_v;  // per layer: keys and values of the 192 encoder positions, as the caches
     int n_src;
     const float* pos_emb;  // (B, S, d): position (+ lr_skip) part of the decoder input
     const int32_t* cell;   // (B, S): the 8x8 input's intensity under each position
@@ -132,13 +134,18 @@ static inline v16 ld_wide(const uint16_t* p) {
     __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return (v16)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
-// x as stored in a float32 or a bfloat16 cache (bfloat16: rounded to nearest, ties to even, as
-// torch's .to(torch.bfloat16) rounds the encoder's keys and values)
-static inline void put(float* p, float x) { *p = x; }
-static inline void put(uint16_t* p, float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    *p = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+// 16 pairs of bfloat16 (32 values) as two float32 vectors: each pair's first values, then its second
+static inline void ld_pairs(const uint16_t* p, v16& first, v16& second) {
+    const __m512i u = _mm512_loadu_si512(p);
+    first = (v16)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    second = (v16)_mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+}
+// 16 floats (as bits) rounded to bfloat16, nearest, ties to even, as torch's .to(torch.bfloat16)
+// rounds (the encoder's keys and values, which the decoder's must match)
+static inline __m256i round_bf16(__m512i u) {
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    return _mm512_cvtepi32_epi16(
+        _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16));
 }
 
 // y[r, 0:16*NC] = b + x[r, 0:K] @ W[0:K, 0:16*NC] for NR rows (W: NC panels, `panel` elements
@@ -289,6 +296,9 @@ static void configure_tiles(int rows) {
     std::memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 8; t++) { c.rows[t] = t < 4 ? rows : 16; c.colsb[t] = 64; }  // C 0-1, A 2-3, B 4-7
+    // GCC (12) takes ldtilecfg for a reader of its first bytes only and, where this function is
+    // not inlined, dropped the shapes' stores (a fault): the barrier says all of c is read
+    __asm__ __volatile__("" : : "r"(&c) : "memory");
     _tile_loadconfig(&c);
     amx_thread.rows = rows;
 }
@@ -308,10 +318,9 @@ static inline void amx_call_end() {
 #if ENGINE_AMX
 
 // x (n rows of K, stride ldx) rounded to bf16 (nearest, ties to even) in the thread's copy, rows
-// ldb apart (K rounded up to 32, zeros after K; a multiple of 64 bytes, as tile loads want), and
-// the tiles configured
-static const uint16_t* rows_bf16(const float* x, int ldx, int n, int K, int* ldb) {
-    configure_tiles(n < 1 ? 1 : n < 16 ? n : 16);  // 0 rows is no valid shape (a call with no image left)
+// ldb apart (K rounded up to 32, zeros after K; a multiple of 64 bytes, as tile loads want); and
+// (rows_bf16) the tiles configured for n rows
+static const uint16_t* round_rows(const float* x, int ldx, int n, int K, int* ldb) {
     const int K32 = (K + 31) & ~31, ld = K32 * 2 % 4096 ? K32 : K32 + 32;  // rows not 4 KB apart (one cache set)
     const size_t need = (size_t)((n + 15) & ~15) * ld;
     AmxThread& a = amx_thread;
@@ -321,18 +330,19 @@ static const uint16_t* rows_bf16(const float* x, int ldx, int n, int K, int* ldb
         std::memset(a.p, 0, need * 2);
         a.cap = need;
     }
-    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
     for (int r = 0; r < n; r++) {
         uint16_t* out = a.p + (size_t)r * ld;
         for (int k = 0; k < K32; k += 16) {
             const __mmask16 in = k + 16 <= K ? 0xffff : k < K ? (__mmask16)((1u << (K - k)) - 1) : 0;
-            __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(in, x + (size_t)r * ldx + k));
-            u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
-            _mm256_store_si256((__m256i*)(out + k), _mm512_cvtepi32_epi16(u));
+            _mm256_store_si256((__m256i*)(out + k), round_bf16(_mm512_castps_si512(_mm512_maskz_loadu_ps(in, x + (size_t)r * ldx + k))));
         }
     }
     *ldb = ld;
     return a.p;
+}
+static const uint16_t* rows_bf16(const float* x, int ldx, int n, int K, int* ldb) {
+    configure_tiles(n < 1 ? 1 : n < 16 ? n : 16);  // 0 rows is no valid shape (a call with no image left)
+    return round_rows(x, ldx, n, K, ldb);
 }
 
 // out (rows x 16 NP floats) = the bf16 rows at xr (ldb apart) times NP <= 2 panels of W from Wj,
@@ -469,39 +479,41 @@ static void gelu(float* x, int n) {
     }
 }
 
-// sum of x[0:n] in double: lane l of two 8-wide sums takes j = l mod 16, the lanes then added in
-// order, the rest one by one (a fixed order: the same for a query whatever else is in the call)
-static double sum_f64(const float* x, int n) {
-    typedef float v8f __attribute__((vector_size(32)));
-    typedef double v8d __attribute__((vector_size(64)));
-    v8d a = {}, b = {};
-    int j = 0;
-    for (; j + 16 <= n; j += 16) {
-        v8f lo, hi;
-        std::memcpy(&lo, x + j, 32); std::memcpy(&hi, x + j + 8, 32);
-        a += __builtin_convertvector(lo, v8d); b += __builtin_convertvector(hi, v8d);
-    }
-    double s = 0.0;
-    for (int l = 0; l < 8; l++) s += a[l];
-    for (int l = 0; l < 8; l++) s += b[l];
-    for (; j < n; j++) s += x[j];
-    return s;
+// Keys and values in bfloat16 go in pairs, as the tiles read them (and the multiply-adds widen a
+// pair with one instruction a half, see ld_pairs): keys in groups of 16, each (hd / 2, 16, 2), the
+// dimension pair (e, e + 1) of the group's 16 keys side by side; values (keys / 2, hd, 2), the key
+// pair (j, j + 1)'s dimension e side by side. Float32 keys go in tiles of 32, (hd, 32), and values
+// (keys, hd). Either way key j's group starts j * hd values into the head's keys and the key pair
+// (j, j + 1) j * hd into its values, for j a multiple of 16 (keys) or 2 (values).
+static inline size_t key_at(int j, int e, int hd, bool pairs) {
+    return pairs ? (size_t)(j & ~15) * hd + (e / 2) * 32 + (j & 15) * 2 + (e & 1)
+                 : (size_t)(j & ~31) * hd + e * 32 + (j & 31);
+}
+static inline size_t value_at(int j, int e, int hd, bool pairs) {
+    return pairs ? (size_t)(j & ~1) * hd + e * 2 + (j & 1) : (size_t)j * hd + e;
 }
 
-// out[i, 0:16] = inv[i] * sum over keys j of scores[i, j] * V[j, 0:16] for min(n, NQ) queries,
-// as four partial sums over j mod 4, added pairwise at the end
+// out[i, e:e + 16] = inv[i] * sum over keys j of scores[i, j] * V[j, e:e + 16] for min(n, NQ)
+// queries (V: the values from the window's first key), as four partial sums over j mod 4, added
+// pairwise at the end
 template <int NQ, typename KV>
-static void weighted_sum(int n, const float* scores, int span, const KV* V, int ldv, int jend,
+static void weighted_sum(int n, const float* scores, int span, const KV* V, int hd, int e, int jend,
                          const float* inv, float* out, int ldo) {
     if (n < NQ) {
-        if constexpr (NQ > 1) weighted_sum<NQ - 1, KV>(n, scores, span, V, ldv, jend, inv, out, ldo);
+        if constexpr (NQ > 1) weighted_sum<NQ - 1, KV>(n, scores, span, V, hd, e, jend, inv, out, ldo);
         return;
     }
     v16 acc[NQ][4];
     for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = splat(0.f);
     for (int j = 0; j < jend; j += 4) {
-        const KV* vr = V + (size_t)j * ldv;
-        v16 v0 = ld_wide(vr), v1 = ld_wide(vr + ldv), v2 = ld_wide(vr + 2 * ldv), v3 = ld_wide(vr + 3 * ldv);
+        v16 v0, v1, v2, v3;
+        if constexpr (sizeof(KV) == 2) {
+            ld_pairs(V + (size_t)j * hd + 2 * e, v0, v1);
+            ld_pairs(V + (size_t)(j + 2) * hd + 2 * e, v2, v3);
+        } else {
+            const KV* vr = V + (size_t)j * hd + e;
+            v0 = ld(vr); v1 = ld(vr + hd); v2 = ld(vr + 2 * hd); v3 = ld(vr + 3 * hd);
+        }
         for (int i = 0; i < NQ; i++) {
             const float* sc = scores + i * span + j;
             acc[i][0] += splat(sc[0]) * v0; acc[i][1] += splat(sc[1]) * v1;
@@ -512,14 +524,35 @@ static void weighted_sum(int n, const float* scores, int span, const KV* V, int 
         st(out + (size_t)i * ldo, ((acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3])) * inv[i]);
 }
 
+// A query's softmax over its window's cnt scores (row sc of span, whole vectors), times `scale`:
+// sc becomes e^(scale score - max) for the window's keys and 0 for the rest; returns 1 / their
+// sum, lane l taking key j = l mod 16, then the lanes in a fixed tree: the same operations for a
+// query whatever span its group has (zeros add nothing)
+static float softmax_row(float* sc, int cnt, int span, float scale) {
+    auto window = [cnt](int j) -> __mmask16 { return j + 16 <= cnt ? 0xffff : j < cnt ? (1u << (cnt - j)) - 1 : 0; };
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < span; j += 16) {
+        const v16 x = ld(sc + j) * scale;
+        st(sc + j, x);
+        vm = _mm512_mask_max_ps(vm, window(j), vm, (__m512)x);
+    }
+    const float mx = _mm512_reduce_max_ps(vm);
+    v16 sum = splat(0.f);
+    for (int j = 0; j < span; j += 16) {
+        const v16 e = (v16)_mm512_maskz_mov_ps(window(j), (__m512)vexp(ld(sc + j) - mx));
+        st(sc + j, e);
+        sum += e;
+    }
+    return 1.f / _mm512_reduce_add_ps((__m512)sum);
+}
+
 // Softmax attention of one head for NQ <= 8 queries (rows of q, stride ldq, at the head's
-// dimensions) whose windows start at the same key lo (a multiple of 32) and end at hi[i]: the
-// group reads the keys and values once. KT holds the head's keys in tiles of 32 keys, each tile
-// (hd, 32) with a dimension's 32 keys contiguous, so 16 keys' scores are one vector per dimension
-// and a window's keys are one contiguous run of memory; Vv the head's values (key, hd). A
-// query's scores, softmax and weighted sum are the same operations in the same order whatever
-// queries share the call: keys past its own end get weight exactly 0, the sums run over the
-// key's offset from lo, and the weighted sum goes four queries at a time (registers).
+// dimensions) whose windows start at the same key lo (a multiple of 32) and end at hi[i], with
+// float32 multiply-adds: the group reads the keys and values once. 16 keys' scores are one vector
+// per dimension, and a window's keys one contiguous run of memory. A query's scores, softmax and
+// weighted sum are the same operations in the same order whatever queries share the call: keys
+// past its own end get weight exactly 0, the sums run over the key's offset from lo, and the
+// weighted sum goes four queries at a time (registers).
 template <int NQ, typename KV>
 static void attend_group(const float* q, int ldq, const int* hi, const KV* KT, const KV* Vv, int lo, int hd,
                          float* out, int ldo, float* scores) {
@@ -528,49 +561,129 @@ static void attend_group(const float* q, int ldq, const int* hi, const KV* KT, c
     for (int i = 0; i < NQ; i++) { cnt[i] = hi[i] - lo + 1; cmax = cnt[i] > cmax ? cnt[i] : cmax; }
     const int span = (cmax + 31) & ~31;  // scores per query: whole tiles of 32 keys
     for (int j = 0; j < span; j += 32) {
-        const KV* tile = KT + (size_t)(lo + j) * hd;
+        const KV* tile = KT + (size_t)(lo + j) * hd;  // keys lo + j.. (float32: 32 a tile; bf16: 16 a group)
         v16 a[NQ][2];
         for (int i = 0; i < NQ; i++) a[i][0] = a[i][1] = splat(0.f);
-        for (int e = 0; e < hd; e++) {
-            v16 k0 = ld_wide(tile + e * 32), k1 = ld_wide(tile + e * 32 + 16);
-            for (int i = 0; i < NQ; i++) {
-                v16 qs = splat(q[(size_t)i * ldq + e]);
-                a[i][0] += qs * k0; a[i][1] += qs * k1;
+        if constexpr (sizeof(KV) == 2) {
+            for (int e = 0; e < hd; e += 2) {
+                v16 k0, k0n, k1, k1n;  // keys 0-15 and 16-31 at dimensions e and e + 1
+                ld_pairs(tile + e * 16, k0, k0n);
+                ld_pairs(tile + 16 * hd + e * 16, k1, k1n);
+                for (int i = 0; i < NQ; i++) {
+                    v16 qs = splat(q[(size_t)i * ldq + e]), qn = splat(q[(size_t)i * ldq + e + 1]);
+                    a[i][0] += qs * k0; a[i][1] += qs * k1;
+                    a[i][0] += qn * k0n; a[i][1] += qn * k1n;
+                }
+            }
+        } else {
+            for (int e = 0; e < hd; e++) {
+                v16 k0 = ld(tile + e * 32), k1 = ld(tile + e * 32 + 16);
+                for (int i = 0; i < NQ; i++) {
+                    v16 qs = splat(q[(size_t)i * ldq + e]);
+                    a[i][0] += qs * k0; a[i][1] += qs * k1;
+                }
             }
         }
-        for (int i = 0; i < NQ; i++) { st(scores + i * span + j, a[i][0] * scale); st(scores + i * span + j + 16, a[i][1] * scale); }
+        for (int i = 0; i < NQ; i++) { st(scores + i * span + j, a[i][0]); st(scores + i * span + j + 16, a[i][1]); }
     }
     float inv[NQ];
-    for (int i = 0; i < NQ; i++) {
-        float* sc = scores + i * span;
-        const int c16 = cnt[i] & ~15;
-        v16 vm = splat(sc[0]);
-        for (int j = 0; j < c16; j += 16) { v16 x = ld(sc + j); vm = x > vm ? x : vm; }
-        float mx = vm[0];
-        for (int l = 1; l < 16; l++) mx = vm[l] > mx ? vm[l] : mx;
-        for (int j = c16; j < cnt[i]; j++) mx = sc[j] > mx ? sc[j] : mx;
-        for (int j = 0; j < span; j += 16) st(sc + j, vexp(ld(sc + j) - mx));
-        for (int j = cnt[i]; j < span; j++) sc[j] = 0.f;
-        inv[i] = (float)(1.0 / sum_f64(sc, cnt[i]));
-    }
+    for (int i = 0; i < NQ; i++) inv[i] = softmax_row(scores + i * span, cnt[i], span, scale);
     const int jend = (cmax + 3) & ~3;
     for (int e = 0; e < hd; e += 16)
         for (int i0 = 0; i0 < NQ; i0 += 4)
-            weighted_sum<(NQ < 4 ? NQ : 4), KV>(NQ - i0, scores + i0 * span, span, Vv + (size_t)lo * hd + e, hd, jend,
+            weighted_sum<(NQ < 4 ? NQ : 4), KV>(NQ - i0, scores + i0 * span, span, Vv + (size_t)lo * hd, hd, e, jend,
                                                  inv + i0, out + (size_t)i0 * ldo + e, ldo);
 }
 
+#if ENGINE_AMX
+// attend_group on the tiles, for g <= 16 queries and bf16 keys and values (hd a multiple of 32),
+// with autocast's numbers: queries rounded to bf16, scores q k (float32 sums) scaled, softmax in
+// float32, the normalized weights rounded to bf16, and their products with the values summed in
+// float32. A query's scores are its own tile row, and its weighted sum adds its own weights' row
+// 32 keys a product, in key order: keys past its end (weight 0) add exact zeros, so its result is
+// the same whatever queries share the group (exact mode, batch independence). probs: g rows of
+// the span's bf16 weights.
+static void attend_group_tiles(const float* q, int ldq, int g, const int* hi, const uint16_t* KT,
+                               const uint16_t* Vv, int lo, int hd, float* out, int ldo, float* scores,
+                               uint16_t* probs) {
+    const float scale = 1.f / std::sqrt((float)hd);
+    int cnt[MAXK], cmax = 0;
+    for (int i = 0; i < g; i++) { cnt[i] = hi[i] - lo + 1; cmax = cnt[i] > cmax ? cnt[i] : cmax; }
+    const int span = (cmax + 31) & ~31;
+    // the tiles as they are if they have g rows or more (rows past g: discarded results), as a
+    // call's products between two heads usually leave them: a new configuration costs about as
+    // much as a head's products
+    if (amx_thread.rows < g) configure_tiles(g);
+    int ldb;
+    const uint16_t* qb = round_rows(q, ldq, g, hd, &ldb);
+    alignas(64) float part[16 * 32];  // a tile pair's rows, of which the first g are results
+    if (hd == 32) _tile_loadd(2, qb, ldb * 2);
+    for (int j = 0; j < span; j += 32) {  // scores: 16 keys (a group) a product, 32 dimensions a step
+        const uint16_t* keys = KT + (size_t)(lo + j) * hd;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int e = 0; e < hd; e += 32) {
+            if (hd > 32) _tile_loadd(2, qb + e, ldb * 2);
+            _tile_loadd(4, keys + e * 16, 64);
+            _tile_loadd(5, keys + 16 * hd + e * 16, 64);
+            _tile_dpbf16ps(0, 2, 4);
+            _tile_dpbf16ps(1, 2, 5);
+        }
+        _tile_stored(0, scores + j, span * 4);
+        _tile_stored(1, scores + j + 16, span * 4);
+    }
+    for (int i = 0; i < g; i++) {
+        float* sc = scores + (size_t)i * span;
+        const v16 inv = splat(softmax_row(sc, cnt[i], span, scale));
+        for (int j = 0; j < span; j += 32)  // rounded to nearest, ties to even (denormals to 0, as the tiles read them)
+            _mm512_store_si512(probs + (size_t)i * span + j,
+                               (__m512i)_mm512_cvtne2ps_pbh((__m512)(ld(sc + j + 16) * inv), (__m512)(ld(sc + j) * inv)));
+    }
+    for (int e = 0; e < hd; e += 32) {  // dimensions e..e + 15 in tile 0, e + 16..e + 31 in tile 1
+        _tile_zero(0); _tile_zero(1);
+        for (int j = 0; j < span; j += 64) {  // 32 keys a step, two steps' tiles alternating
+            const uint16_t* vals = Vv + (size_t)(lo + j) * hd + 2 * e;
+            _tile_loadd(2, probs + j, span * 2);
+            _tile_loadd(4, vals, hd * 4);
+            _tile_loadd(5, vals + 32, hd * 4);
+            _tile_dpbf16ps(0, 2, 4);
+            _tile_dpbf16ps(1, 2, 5);
+            if (j + 32 == span) break;
+            _tile_loadd(3, probs + j + 32, span * 2);
+            _tile_loadd(6, vals + 32 * hd, hd * 4);
+            _tile_loadd(7, vals + 32 * hd + 32, hd * 4);
+            _tile_dpbf16ps(0, 3, 6);
+            _tile_dpbf16ps(1, 3, 7);
+        }
+        _tile_stored(0, part, 32 * 4);
+        _tile_stored(1, part + 16, 32 * 4);
+        for (int i = 0; i < g; i++) {
+            st(out + (size_t)i * ldo + e, ld(part + 32 * i));
+            st(out + (size_t)i * ldo + e + 16, ld(part + 32 * i + 16));
+        }
+    }
+}
+#endif
+
 // one head's attention for n queries whose windows start at lo[i] and end at hi[i]: runs of
-// queries with the same start go through attend_group eight at a time
+// queries with the same start go through attend_group eight at a time, or (tiles) all at once
 template <typename KV>
 static void attend(const float* q, int ldq, int n, const int* lo, const int* hi, const KV* KT, const KV* Vv,
-                   int hd, float* out, int ldo, float* scores) {
+                   int hd, float* out, int ldo, float* scores, uint16_t* probs, bool tiles) {
     int i = 0;
     while (i < n) {
         int m = 1;
-        while (i + m < n && m < 8 && lo[i + m] == lo[i]) m++;
+        while (i + m < n && (tiles || m < 8) && lo[i + m] == lo[i]) m++;
         const float* qi = q + (size_t)i * ldq;
         float* oi = out + (size_t)i * ldo;
+#if ENGINE_AMX
+        if constexpr (sizeof(KV) == 2)
+            if (tiles) {
+                attend_group_tiles(qi, ldq, m, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores, probs);
+                i += m;
+                continue;
+            }
+#endif
         switch (m) {
             case 8: attend_group<8, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores); break;
             case 7: attend_group<7, KV>(qi, ldq, hi + i, KT, Vv, lo[i], hd, oi, ldo, scores); break;
@@ -611,15 +724,18 @@ extern "C" size_t engine_work_floats(int B, int d, int ff, int f) {
 static const int OWN_ROWS = 8;
 struct Stream { float *x, *xn, *h; bool own; };
 
-// a thread's buffers for a call: 8 queries' attention scores, and its own copy of the stream
+// a thread's buffers for a call: a call's queries' attention scores (and, on the tiles, weights),
+// and its own copy of the stream
 struct ThreadBuf {
     float *scores, *own;
+    uint16_t* probs;  // the attention weights in bf16 on the tiles: as many as scores
     int d;
     explicit ThreadBuf(const Engine* E) : d(E->d) {
         amx_call_start();
-        const size_t n_scores = (8 * (2 * (size_t)E->L + E->n_src + 64) + 15) & ~(size_t)15;
-        scores = (float*)std::aligned_alloc(64, (n_scores + 3 * OWN_ROWS * (size_t)d) * sizeof(float));
+        const size_t n_scores = (MAXK * (2 * (size_t)E->L + E->n_src + 64) + 31) & ~(size_t)31;
+        scores = (float*)std::aligned_alloc(64, (n_scores + 3 * OWN_ROWS * (size_t)d) * sizeof(float) + n_scores * 2);
         own = scores + n_scores;
+        probs = (uint16_t*)(own + 3 * OWN_ROWS * (size_t)d);
     }
     ~ThreadBuf() {
         amx_call_end();
@@ -635,51 +751,73 @@ struct ThreadBuf {
 };
 
 // Head h's attention for the n queries (rows of q, stride ldq) of an image b over its keys and
-// values: keys (H, keys / 32, hd, 32) and values (H, keys, hd) an image (see attend_group). local:
+// values: n_keys * hd of each an image and head, laid out as key_at and value_at say. local:
 // the decoder's self-attention, where query p reads keys from the start of the previous attention
 // block to p, from the KV ring (see Engine); otherwise every key (cross-attention to the encoder).
-template <typename KV>
-static void attend_head(const Engine* E, int b, int h, int n, int pos0, const float* q, int ldq, const void* keys,
-                        const void* values, int n_keys, bool local, float* out, float* scores) {
-    const int d = E->d, H = E->H, L = E->L, hd = d / H;
-    int lo[MAXK], hi[MAXK];
+static void windows(const Engine* E, int n, int pos0, int n_keys, bool local, int* lo, int* hi) {
+    const int L = E->L;
     for (int j = 0; j < n; j++) {  // a window in the ring: its start's slot, then in order
         int p = pos0 + j, l = (p / L - 1) * L;
         l = l < 0 ? 0 : l;
         lo[j] = local ? l % (3 * L) : 0;
         hi[j] = local ? lo[j] + (p - l) : n_keys - 1;
     }
+}
+
+template <typename KV>
+static void attend_head(const Engine* E, int b, int h, int n, int pos0, const float* q, int ldq, const void* keys,
+                        const void* values, int n_keys, bool local, float* out, const ThreadBuf& tb) {
+    const int d = E->d, H = E->H, hd = d / H;
+    int lo[MAXK], hi[MAXK];
+    windows(E, n, pos0, n_keys, local, lo, hi);
     const size_t head = ((size_t)b * H + h) * n_keys * hd;
-    attend(q + h * hd, ldq, n, lo, hi, (const KV*)keys + head, (const KV*)values + head, hd, out + h * hd, d, scores);
+    attend(q + h * hd, ldq, n, lo, hi, (const KV*)keys + head, (const KV*)values + head, hd, out + h * hd, d,
+           tb.scores, tb.probs, E->kv_bf16 == 2);
 }
 
 // head h's keys and values of n tokens of image b (rows of qkv, 3d apart) into their ring slots of
-// layer li's caches
+// layer li's caches (key_at, value_at), 16 dimensions a store (bf16 keys: a scatter of 8 pairs;
+// values: every other 16 bits of 64 bytes)
 template <typename KV>
 static void write_kv(const Engine* E, int li, int b, int h, int n, int pos0, const float* qkv) {
     const int d = E->d, CL = E->cache_len, H = E->H, hd = d / H;
     const size_t head = ((size_t)b * H + h) * CL * hd;
+    KV *Kh = (KV*)E->k_cache[li] + head, *Vh = (KV*)E->v_cache[li] + head;
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int j = 0; j < n; j++) {
         const int slot = (pos0 + j) % (3 * E->L);
         const float *k = qkv + (size_t)j * 3 * d + d + h * hd, *v = k + d;
-        for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L) {  // slots < L also at +3L
-            KV* Kt = (KV*)E->k_cache[li] + head + (size_t)(copy & ~31) * hd + (copy & 31);
-            KV* Vr = (KV*)E->v_cache[li] + head + (size_t)copy * hd;
-            for (int e = 0; e < hd; e++) { put(Kt + e * 32, k[e]); put(Vr + e, v[e]); }
+        for (int e = 0; e < hd; e += 16) {
+            const __m512 kf = _mm512_loadu_ps(k + e), vf = _mm512_loadu_ps(v + e);
+            const __m256i kb = round_bf16(_mm512_castps_si512(kf)), vb = round_bf16(_mm512_castps_si512(vf));
+            for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L) {  // slots < L also at +3L
+                if constexpr (sizeof(KV) == 2) {
+                    int* group = (int*)(Kh + (size_t)(copy & ~15) * hd) + (copy & 15);  // pairs 64 bytes apart
+                    _mm256_i32scatter_epi32(group, _mm512_castsi512_si256(_mm512_slli_epi32(lane, 4)) + _mm256_set1_epi32(e * 8),
+                                            kb, 4);
+                    const __m512i wide = _mm512_cvtepu16_epi32(vb);
+                    _mm512_mask_storeu_epi16(Vh + (size_t)(copy & ~1) * hd + 2 * e, copy & 1 ? 0xaaaaaaaau : 0x55555555u,
+                                             copy & 1 ? _mm512_slli_epi32(wide, 16) : wide);
+                } else {
+                    _mm512_i32scatter_ps(Kh + (size_t)(copy & ~31) * hd + (size_t)e * 32 + (copy & 31),
+                                         _mm512_slli_epi32(lane, 5), kf, 4);
+                    _mm512_storeu_ps(Vh + (size_t)copy * hd + e, vf);
+                }
+            }
         }
     }
 }
 
 // A layer's self-attention for n tokens of each of m images (rows of s.xn), into w.att: the QKV
 // product, each head's keys and values into the cache, and each head's attention, one (image,
-// head) a work item of the team. A keys tile holds 32 positions side by side, so the writes go by
+// head) a work item of the team. A keys group holds 16 positions side by side, so the writes go by
 // head, not by token (two threads writing two tokens of one head would write into the same cache
 // lines). Where every thread holds the whole stream (s.own), a work item makes its own head's
 // queries, keys and values too (its columns of the QKV product, the same sums): no barrier, and
 // no QKV rows from the other core. Team call.
 template <typename KV>
 static void self_attention(const Engine* E, int li, int m, const int* imgs, int n, const int* pos0, const Stream& s,
-                           const Work& w, float* scores) {
+                           const Work& w, const ThreadBuf& tb) {
     const Layer& Ly = E->layers[li];
     const int d = E->d, H = E->H, hd = d / H;
     if (!s.own) {
@@ -698,7 +836,7 @@ static void self_attention(const Engine* E, int li, int m, const int* imgs, int 
         write_kv<KV>(E, li, b, h, n, pos0[i], qkv);
         mark(E, ST_KV_WRITE);
         attend_head<KV>(E, b, h, n, pos0[i], qkv, 3 * d, E->k_cache[li], E->v_cache[li], E->cache_len, true,
-                        w.att + (size_t)i * n * d, scores);
+                        w.att + (size_t)i * n * d, tb);
         mark(E, ST_SELF_ATT);
     }
     mark(E, ST_SELF_ATT);
@@ -709,7 +847,7 @@ static void self_attention(const Engine* E, int li, int m, const int* imgs, int 
 // makes its own head's queries where every thread holds the whole stream. Team call.
 template <typename KV>
 static void cross_attention(const Engine* E, int li, int m, const int* imgs, int n, const int* pos0, const Stream& s,
-                            const Work& w, float* scores) {
+                            const Work& w, const ThreadBuf& tb) {
     const Layer& Ly = E->layers[li];
     const int d = E->d, H = E->H, hd = d / H;
     if (!s.own) {
@@ -725,7 +863,7 @@ static void cross_attention(const Engine* E, int li, int m, const int* imgs, int
             mark(E, ST_LINEAR);
         }
         attend_head<KV>(E, b, h, n, pos0[i], q, d, E->enc_k[li], E->enc_v[li], E->n_src, false,
-                        w.att + (size_t)i * n * d, scores);
+                        w.att + (size_t)i * n * d, tb);
         mark(E, ST_CROSS_ATT);
     }
     mark(E, ST_CROSS_ATT);
@@ -755,7 +893,6 @@ static const float* step(const Engine* E, int m, const int* imgs, int n, const i
                          const int* pos0, const Work& w, const ThreadBuf& tb) {
     const int d = E->d, ff = E->ff, R = m * n;
     const Stream s = tb.stream(w, R);
-    float* scores = tb.scores;
     mark(E, -1);
     auto embed = [&](int r) {
         int i = r / n, j = r % n, b = imgs[i];
@@ -776,14 +913,14 @@ static const float* step(const Engine* E, int m, const int* imgs, int n, const i
     mark(E, ST_EMBED);
     for (int li = 0; li < E->n_layers; li++) {
         const Layer& Ly = E->layers[li];
-        if (E->kv_bf16) self_attention<uint16_t>(E, li, m, imgs, n, pos0, s, w, scores);
-        else self_attention<float>(E, li, m, imgs, n, pos0, s, w, scores);
+        if (E->kv_bf16) self_attention<uint16_t>(E, li, m, imgs, n, pos0, s, w, tb);
+        else self_attention<float>(E, li, m, imgs, n, pos0, s, w, tb);
         linear(w.att, d, R, Ly.out_w, Ly.out_b, w.dl, d, d, d);
         mark(E, ST_LINEAR);
         residual_norm(s, R, d, s.x, w.dl, Ly.ln2_w, Ly.ln2_b, s.xn);
         mark(E, ST_NORM_GELU);
-        if (E->kv_bf16) cross_attention<uint16_t>(E, li, m, imgs, n, pos0, s, w, scores);
-        else cross_attention<float>(E, li, m, imgs, n, pos0, s, w, scores);
+        if (E->kv_bf16) cross_attention<uint16_t>(E, li, m, imgs, n, pos0, s, w, tb);
+        else cross_attention<float>(E, li, m, imgs, n, pos0, s, w, tb);
         linear(w.att, d, R, Ly.cout_w, Ly.cout_b, w.dl, d, d, d);
         mark(E, ST_LINEAR);
         residual_norm(s, R, d, s.x, w.dl, Ly.ln3_w, Ly.ln3_b, s.xn);

@@ -239,7 +239,8 @@ class Weights:
         if model.lr_prior is not None:
             e.has_lr_prior, e.lr_prior = 1, f(model.lr_prior)
         self.bf16 = all(getattr(L, n).bf16 for L in layers for n in ("qkv_w", "out_w", "cq_w", "cout_w", "up_w", "down_w"))
-        e.kv_bf16 = int(self.bf16)
+        # bf16 keys and values; on the tiles, attention too where a head's width is whole tile rows
+        e.kv_bf16 = (2 if amx and (cfg.d_model // cfg.n_heads) % 32 == 0 else 1) if self.bf16 else 0
         self.struct, self._keep, self._layers = e, keep, layers
         self.fingerprint = _fingerprint(model)
 
@@ -260,6 +261,27 @@ def packed(model: ImageTransformerSR) -> Weights:
     if w is None or w.fingerprint != _fingerprint(model):
         w = _packed[model] = Weights(model)
     return w
+
+
+def _keys(k: torch.Tensor, H: int, bf16: bool) -> torch.Tensor:
+    """Keys (B, n, d) per head as engine.cpp's attention reads them (key_at): float32 in tiles of
+    32 keys, (B, H, n / 32, hd, 32); bfloat16 in groups of 16 keys whose dimensions go in pairs,
+    (B, H, n / 16, hd / 2, 16, 2), as the tiles read them."""
+    B, n, d = k.shape
+    hd = d // H
+    if not bf16:
+        return k.reshape(B, n // 32, 32, H, hd).permute(0, 3, 1, 4, 2).contiguous()
+    return k.reshape(B, n // 16, 16, H, hd // 2, 2).permute(0, 3, 1, 4, 2, 5).to(torch.bfloat16).contiguous()
+
+
+def _values(v: torch.Tensor, H: int, bf16: bool) -> torch.Tensor:
+    """Values (B, n, d) per head (value_at): float32 (B, H, n, hd); bfloat16 with the keys in
+    pairs, (B, H, n / 2, hd, 2)."""
+    B, n, d = v.shape
+    hd = d // H
+    if not bf16:
+        return v.reshape(B, n, H, hd).transpose(1, 2).contiguous()
+    return v.reshape(B, n // 2, 2, H, hd).permute(0, 3, 1, 4, 2).to(torch.bfloat16).contiguous()
 
 
 class Batch:
@@ -285,14 +307,12 @@ class Batch:
             self.cell = model.cell_intensity(src, pos.expand(B, -1)).to(torch.int32).contiguous()
             enc = model.encode(src)
             kv = model.cross_kv(enc)
-            kv_dtype = torch.bfloat16 if weights.bf16 else torch.float32
-            H, hd = cfg.n_heads, d // cfg.n_heads
-            # per head, keys in tiles of 32 (engine.cpp's attend_group): (B, H, keys / 32, hd, 32)
-            self.enc_k = [_f32(k_).reshape(B, SRC_LEN // 32, 32, H, hd).permute(0, 3, 1, 4, 2).to(kv_dtype).contiguous()
-                          for k_, _ in kv]
-            self.enc_v = [_f32(v_).reshape(B, SRC_LEN, H, hd).transpose(1, 2).to(kv_dtype).contiguous() for _, v_ in kv]
-        self.k_cache = [torch.zeros(B, H, cache_len // 32, hd, 32, dtype=kv_dtype) for _ in range(cfg.n_dec_layers)]
-        self.v_cache = [torch.zeros(B, H, cache_len, hd, dtype=kv_dtype) for _ in range(cfg.n_dec_layers)]
+            H = cfg.n_heads
+            self.enc_k = [_keys(_f32(k_), H, weights.bf16) for k_, _ in kv]
+            self.enc_v = [_values(_f32(v_), H, weights.bf16) for _, v_ in kv]
+        empty = torch.zeros(B, cache_len, d)
+        self.k_cache = [_keys(empty, H, weights.bf16) for _ in range(cfg.n_dec_layers)]
+        self.v_cache = [_values(empty, H, weights.bf16) for _ in range(cfg.n_dec_layers)]
         e = _Engine.from_buffer_copy(weights.struct)
         self._ptr_arrays = [(ctypes.c_void_p * len(xs))(*[x.data_ptr() for x in xs])
                             for xs in (self.k_cache, self.v_cache, self.enc_k, self.enc_v)]

@@ -51,34 +51,61 @@ def _round_inputs(module):
 def _assert_near(got, want, atol, rounded):
     err = (got.double() - want).abs()
     if rounded:  # an input the two round differently (float32 against float64 next to a bf16
-        # rounding boundary) moves a few outputs by about a bf16 step's worth
-        assert (err > atol).double().mean() < 0.01 and err.max() < 10 * atol, err.max()
+        # rounding boundary: a query, an attention weight) moves a few outputs by about a bf16
+        # step's worth (measured: 1.5% of the states beyond atol with attention on the tiles, 42%
+        # if the reference leaves its rounding out)
+        assert (err > atol).double().mean() < 0.02 and err.max() < 20 * atol, err.max()
     else:
         assert err.max() < atol, err.max()
 
 
-@pytest.mark.parametrize("seed, bf16_weights, d_ff, kernel", [(0, False, 64, "multiply-adds")] + [
-    (seed, True, d_ff, kernel) for seed, d_ff in ((1, 64), (2, 48)) for kernel in KERNELS])
-def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff, kernel, monkeypatch):
+def _in_bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.bfloat16().to(x.dtype)
+
+
+def _round_attention_as_the_tiles(m: ImageTransformerSR, monkeypatch):
+    """As the engine's attention on the tiles (and autocast) does: queries and the softmax's
+    weights rounded to bfloat16 (keys and values already are). Patches the decoder's attention;
+    Tensor.softmax only for the caller's forward pass (the decoder's self-attention's weights)."""
+    for layer in m.decoder:
+        layer.cross_attn.q.register_forward_hook(lambda mod, i, o: _in_bf16(o))
+        attn = layer.cross_attn
+
+        def attend(q, k, v, mask=None, attn=attn):
+            q, k, v = attn.split(q), attn.split(k), attn.split(v)
+            w = torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, dim=-1)
+            return attn.merge(_in_bf16(w) @ v)
+        monkeypatch.setattr(attn, "attend", attend)
+    softmax = torch.Tensor.softmax
+    monkeypatch.setattr(torch.Tensor, "softmax", lambda x, dim: _in_bf16(softmax(x, dim)))
+
+
+@pytest.mark.parametrize("seed, bf16_weights, d_ff, d_model, kernel", [(0, False, 64, 32, "multiply-adds")] + [
+    (seed, True, d_ff, d_model, kernel) for seed, d_ff, d_model in ((1, 64, 32), (2, 48, 64)) for kernel in KERNELS])
+def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff, d_model, kernel, monkeypatch):
     """bf16_weights: every weight a bfloat16 value (a model trained in bf16), which the engine
     keeps in bfloat16 (the same numbers in half the bytes); it then keeps keys and values in
     bfloat16 too, as bf16 training made them, and where the processor has AMX its products take
-    their inputs rounded to bfloat16, as autocast did in training: the float64 reference rounds
-    the same tensors where they are made (under 1% of the outputs beyond atol: without the
-    rounding about half are). d_ff 48: an odd number of panels."""
+    their inputs rounded to bfloat16, as autocast did in training, and so does attention where a
+    head is 32 wide (d_model 64): the float64 reference rounds the same tensors where they are
+    made (under 2% of the outputs beyond atol: without the rounding about half are). d_ff 48: an
+    odd number of panels."""
     _use(kernel, monkeypatch)
-    m = make_tiny(seed, d_ff=d_ff)
+    m = make_tiny(seed, d_ff=d_ff, d_model=d_model)
     m = (m.to(torch.bfloat16) if bf16_weights else m).double()
     packed = engine.packed(m).struct
-    assert packed.lm_w.bf16 == _bf16_kind(bf16_weights) and packed.kv_bf16 == int(bf16_weights)
     on_tiles = _bf16_kind(bf16_weights) == 2
+    attention_on_tiles = on_tiles and d_model // m.cfg.n_heads == 32
+    assert packed.lm_w.bf16 == _bf16_kind(bf16_weights)
+    assert packed.kv_bf16 == (2 if attention_on_tiles else int(bf16_weights))
     if bf16_weights:
         d = m.cfg.d_model
 
         def kv_in_bf16(module, inputs, out, first=0):
-            return torch.cat([out[..., :first], out[..., first:].bfloat16().double()], -1)
+            return torch.cat([out[..., :first], _in_bf16(out[..., first:])], -1)
+        first = 0 if attention_on_tiles else d  # the queries too
         for layer in m.decoder:
-            layer.self_attn.qkv.register_forward_hook(lambda mod, i, o: kv_in_bf16(mod, i, o, first=d))
+            layer.self_attn.qkv.register_forward_hook(lambda mod, i, o: kv_in_bf16(mod, i, o, first=first))
             layer.cross_attn.kv.register_forward_hook(kv_in_bf16)
             if on_tiles:
                 for lin in (layer.self_attn.qkv, layer.self_attn.out, layer.cross_attn.q, layer.cross_attn.out,
@@ -88,7 +115,10 @@ def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff
             _round_inputs(m.lm_head)
     src, tgt, prev = _image(seed)
     with torch.no_grad():
-        full = m(src, tgt)
+        with monkeypatch.context() as patched:
+            if attention_on_tiles:
+                _round_attention_as_the_tiles(m, patched)
+            full = m(src, tgt)
         logits = m.logits(full, src)
     batch = engine.Batch(m, src, k=4)
     g = torch.Generator().manual_seed(seed)
@@ -139,11 +169,12 @@ def test_an_images_output_does_not_depend_on_its_batch(bf16_weights, threads, ke
     """threads 2: a batch of 2 images a thread goes by image at k > 1 (each thread decodes its own
     share alone); greedy, a smaller batch, and an image alone, by team (the threads share each
     product, and in calls of up to 8 rows each keeps its own copy of the residual stream). The
-    same arithmetic every way; on the tiles, products of up to 30 rows (a partial last tile)."""
+    same arithmetic every way; on the tiles, products of up to 30 rows (a partial last tile), and
+    attention (heads 32 wide) in groups of up to 7 queries."""
     _use(kernel, monkeypatch)
-    m = make_tiny(5)
+    m = make_tiny(5, d_model=64)
     m = (m.to(torch.bfloat16) if bf16_weights else m).for_inference(torch.float32)
-    assert engine.packed(m).bf16 == bf16_weights
+    assert engine.packed(m).struct.kv_bf16 == _bf16_kind(bf16_weights)  # attention on the kernel too
     assert 5 >= engine.IMAGES_PER_THREAD * 2  # 5 images go by image at 2 threads: shares of 2 and 3
     lr = np.random.default_rng(5).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8)
     before = torch.get_num_threads()
@@ -223,7 +254,7 @@ def test_output_does_not_depend_on_the_thread_count(bf16_weights, kernel, monkey
     Tiles: a worker thread's own tile set-up and input buffer, as in the demo."""
     import threading
     _use(kernel, monkeypatch)
-    m = make_tiny(8)
+    m = make_tiny(8, d_model=64)
     m = (m.to(torch.bfloat16) if bf16_weights else m).for_inference(torch.float32)
     assert engine.packed(m).struct.lm_w.bf16 == _bf16_kind(bf16_weights)
     lr = np.random.default_rng(8).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
