@@ -10,12 +10,13 @@
 // its inputs in order (tiles of rows only share the weight loads), with float32 multiply-adds or,
 // for bfloat16 weights on a processor with AMX, on its tiles, whose every output row reads only
 // its own input row (see amx_range); attention reads a query's own window [block start of the
-// previous block, the query] in position order. So a query's state is bit for bit the same alone
-// (greedy) or inside a k-token verify call, and exact mode equals greedy decoding by construction.
+// previous block, the query] in position order (on the tiles too: attend_group_tiles). So a
+// query's state is bit for bit the same alone (greedy) or inside a k-token verify call, and exact
+// mode equals greedy decoding by construction.
 //
 // Layouts (row-major; float32 but for bfloat16 weight matrices, keys and values: see Mat and
 // Engine): a linear layer's weight is stored transposed, in x out, so a tile of rows streams it
-// once; a layer's keys and values are per image and attention head, keys in tiles of 32.
+// once; a layer's keys and values are per image and attention head (key_at, value_at).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -318,9 +319,10 @@ static inline void amx_call_end() {
 #if ENGINE_AMX
 
 // x (n rows of K, stride ldx) rounded to bf16 (nearest, ties to even) in the thread's copy, rows
-// ldb apart (K rounded up to 32, zeros after K; a multiple of 64 bytes, as tile loads want); and
-// (rows_bf16) the tiles configured for n rows
-static const uint16_t* round_rows(const float* x, int ldx, int n, int K, int* ldb) {
+// ldb apart (K rounded up to 32, zeros after K; a multiple of 64 bytes, as tile loads want), and
+// the tiles configured
+static const uint16_t* rows_bf16(const float* x, int ldx, int n, int K, int* ldb) {
+    configure_tiles(n < 1 ? 1 : n < 16 ? n : 16);  // 0 rows is no valid shape (a call with no image left)
     const int K32 = (K + 31) & ~31, ld = K32 * 2 % 4096 ? K32 : K32 + 32;  // rows not 4 KB apart (one cache set)
     const size_t need = (size_t)((n + 15) & ~15) * ld;
     AmxThread& a = amx_thread;
@@ -339,10 +341,6 @@ static const uint16_t* round_rows(const float* x, int ldx, int n, int K, int* ld
     }
     *ldb = ld;
     return a.p;
-}
-static const uint16_t* rows_bf16(const float* x, int ldx, int n, int K, int* ldb) {
-    configure_tiles(n < 1 ? 1 : n < 16 ? n : 16);  // 0 rows is no valid shape (a call with no image left)
-    return round_rows(x, ldx, n, K, ldb);
 }
 
 // out (rows x 16 NP floats) = the bf16 rows at xr (ldb apart) times NP <= 2 panels of W from Wj,
@@ -610,13 +608,8 @@ static void attend_group_tiles(const float* q, int ldq, int g, const int* hi, co
     int cnt[MAXK], cmax = 0;
     for (int i = 0; i < g; i++) { cnt[i] = hi[i] - lo + 1; cmax = cnt[i] > cmax ? cnt[i] : cmax; }
     const int span = (cmax + 31) & ~31;
-    // the tiles as they are if they have g rows or more (rows past g: discarded results), as a
-    // call's products between two heads usually leave them: a new configuration costs about as
-    // much as a head's products
-    if (amx_thread.rows < g) configure_tiles(g);
     int ldb;
-    const uint16_t* qb = round_rows(q, ldq, g, hd, &ldb);
-    alignas(64) float part[16 * 32];  // a tile pair's rows, of which the first g are results
+    const uint16_t* qb = rows_bf16(q, ldq, g, hd, &ldb);  // and the tiles configured for g rows
     if (hd == 32) _tile_loadd(2, qb, ldb * 2);
     for (int j = 0; j < span; j += 32) {  // scores: 16 keys (a group) a product, 32 dimensions a step
         const uint16_t* keys = KT + (size_t)(lo + j) * hd;
@@ -655,12 +648,8 @@ static void attend_group_tiles(const float* q, int ldq, int g, const int* hi, co
             _tile_dpbf16ps(0, 3, 6);
             _tile_dpbf16ps(1, 3, 7);
         }
-        _tile_stored(0, part, 32 * 4);
-        _tile_stored(1, part + 16, 32 * 4);
-        for (int i = 0; i < g; i++) {
-            st(out + (size_t)i * ldo + e, ld(part + 32 * i));
-            st(out + (size_t)i * ldo + e + 16, ld(part + 32 * i + 16));
-        }
+        _tile_stored(0, out + e, ldo * 4);
+        _tile_stored(1, out + e + 16, ldo * 4);
     }
 }
 #endif
