@@ -526,9 +526,14 @@ def _decode_native(model, lr, opts, progress, progress_every, proposer, seeds=No
     t = batch.t.numpy()  # a view: the engine updates it in place
     while live:
         was = live
-        live = batch.iterate(copts, rows, live, propose=proposer is None)
-        n_calls += 1
-        if live < was:  # the images that finished in this call
+        # as many calls in one crossing as nothing here needs between them (an outside proposer
+        # every call, progress every progress_every); the engine returns when an image finishes
+        calls = 1 if proposer is not None and k > 1 else 1 << 30
+        if progress is not None:
+            calls = min(calls, progress_every - n_calls % progress_every)
+        live, made = batch.iterate(copts, rows, live, propose=proposer is None, max_calls=calls)
+        n_calls += made
+        if live < was:  # the images that finished in the last call
             finish[(t >= SEQ_LEN) & (finish == 0)] = time.perf_counter() - t0
         if proposer is not None and k > 1 and live:
             r = rows[:live].clone()

@@ -55,6 +55,25 @@ def test_exact_blockwise_equals_greedy(setup64, k):
             assert s.mean_block > 1.5 and s.block_hist[k - 1] > 0  # long blocks were exercised
 
 
+@pytest.mark.parametrize("opts", [DecodeOptions(k=1), DecodeOptions(k=4), DecodeOptions(k=4, rule="eps", eps=2)])
+def test_several_engine_calls_a_crossing_decode_what_one_a_crossing_does(opts):
+    """The native loop runs calls in the engine until an image finishes (engine_iterate's
+    max_calls); with progress reports every call it returns after each. The same images, calls
+    and blocks either way, and progress sees every progress_every-th call."""
+    m = make_tiny(11).for_inference(torch.float32)
+    lr = np.random.default_rng(11).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
+    seen = []
+    many = decode(m, lr, opts)
+    one = decode(m, lr, opts, progress=lambda tokens, t, bmap, calls: seen.append(calls), progress_every=1)
+    assert many.extra["engine"] == one.extra["engine"] == "native"
+    np.testing.assert_array_equal(many.images, one.images)
+    assert [s.block_hist for s in many.stats] == [s.block_hist for s in one.stats]
+    assert many.calls == one.calls and seen[:-1] == list(range(2, one.calls + 1))  # call 1: the start
+    spaced = []
+    decode(m, lr, opts, progress=lambda tokens, t, bmap, calls: spaced.append(calls), progress_every=50)
+    assert spaced[:-1] == list(range(50, one.calls + 1, 50)) and spaced[-1] == one.calls
+
+
 def test_exact_with_the_models_own_heads_equals_greedy(setup64):
     m, lr, g = setup64
     r = decode(m, lr, DecodeOptions(k=4))
