@@ -36,19 +36,16 @@ typedef float v16 __attribute__((vector_size(64)));
 static inline v16 ld(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
 static inline void st(float* p, v16 v) { std::memcpy(p, &v, 64); }
 static inline v16 splat(float x) { return (v16)_mm512_set1_ps(x); }
-typedef int32_t vi16 __attribute__((vector_size(64)));
 
 // e^x for x <= 88, ~1 ulp: 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial
 static inline v16 vexp(v16 x) {
     x = x < -87.f ? splat(-87.f) : x;
     v16 t = x * 1.44269504088896341f;
-    v16 n = (t + 12582912.f) - 12582912.f;  // round to nearest
+    v16 n = (v16)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
     v16 p = splat(1.f / 720);
     p = p * r + 1.f / 120; p = p * r + 1.f / 24; p = p * r + 1.f / 6; p = p * r + 0.5f; p = p * r + 1.f; p = p * r + 1.f;
-    vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
-    v16 scale; std::memcpy(&scale, &bits, 64);
-    return p * scale;
+    return (v16)_mm512_scalef_ps((__m512)p, (__m512)n);  // p 2^n, exact
 }
 
 static const int S = 3072;  // target tokens
