@@ -361,6 +361,8 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     lr = check_input(lr)
     if seeds is not None and len(seeds) != len(lr):
         raise ValueError(f"got {len(seeds)} seeds for {len(lr)} images")
+    if progress is not None and (not isinstance(progress_every, int) or progress_every < 1):
+        raise ValueError(f"progress_every must be an integer >= 1, got {progress_every!r}")
     if engine_for(model, opts, engine) == "native":
         return _decode_native(model, lr, opts, progress, progress_every, proposer, seeds)
     # the torch engine: start (prefill and the first proposals), then a call per block: verify
@@ -503,10 +505,14 @@ def _finish(s: _Batch, progress) -> DecodeResult:
                         seconds, s.n_calls, {"engine": "torch"})
 
 
+CALLS_PER_CROSSING = 256  # at most, from Python into the engine: ~0.01 s at batch 1, ~0.5 s at batch 64
+
+
 def _decode_native(model, lr, opts, progress, progress_every, proposer, seeds=None) -> DecodeResult:
-    """decode on the native engine: one call per blockwise step of the whole batch; the loop here
-    only notes when images finish and hands proposals to a `proposer` if one is given. Sampling
-    reads the same per-image noise tables as the torch engine (_sampling_noise)."""
+    """decode on the native engine: one call per blockwise step of the whole batch, several calls
+    a crossing from Python (Batch.iterate's max_calls); the loop here only notes when images
+    finish, reports progress and hands proposals to a `proposer` if one is given. Sampling reads
+    the same per-image noise tables as the torch engine (_sampling_noise)."""
     t0 = time.perf_counter()
     src = torch.from_numpy(to_tokens(lr)).cpu()
     B, k = len(lr), opts.k
@@ -527,8 +533,9 @@ def _decode_native(model, lr, opts, progress, progress_every, proposer, seeds=No
     while live:
         was = live
         # as many calls in one crossing as nothing here needs between them (an outside proposer
-        # every call, progress every progress_every); the engine returns when an image finishes
-        calls = 1 if proposer is not None and k > 1 else 1 << 30
+        # every call, progress every progress_every), up to CALLS_PER_CROSSING (Ctrl-C is seen
+        # between crossings); the engine returns when an image finishes
+        calls = 1 if proposer is not None and k > 1 else CALLS_PER_CROSSING
         if progress is not None:
             calls = min(calls, progress_every - n_calls % progress_every)
         live, made = batch.iterate(copts, rows, live, propose=proposer is None, max_calls=calls)
@@ -770,9 +777,9 @@ MODES = ("greedy", "exact", "approx", "sample")
 # held-out faces (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
 # the block size the apps decode with unless told otherwise: on the native engine (2 threads) a
-# 2-token call costs 1.3x a 1-token one and a 7-token call 2.7x, so k=2 is the fastest exact and
-# approximate setting (sr-blockwise bench-decode, batch 1: eps=2 1.26x greedy against 1.17x at
-# k=6, exact 1.02x against 0.63x); on one thread k=4 is faster for eps=2 (1.55x against 1.39x),
+# 2-token call costs 1.24x a 1-token one and a 7-token call 2.6x, so k=2 is the fastest exact and
+# approximate setting (sr-blockwise bench-decode, batch 1: eps=2 1.19x greedy against 1.14x at
+# k=6, exact 0.98x against 0.63x); on one thread k=4 is faster for eps=2 (1.58x against 1.38x),
 # and so it is for speculative sampling (batch 8: 1.41-1.54x plain sampling against 1.25-1.32x
 # at k=2; batch 1 likewise: experiments/speculative-sampling/)
 DEFAULT_K = 2

@@ -369,14 +369,14 @@ class Batch:
                 max_calls: int = 1) -> tuple[int, int]:
         """Blockwise steps (calls) of the images rows[:n] (int64), which it compacts in place to
         the images still decoding (order kept): up to max_calls of them in one crossing into the
-        engine, fewer if an image finishes. Returns how many images are still decoding, and the
-        calls made."""
+        engine, fewer if an image finishes (at least one while any image decodes). Returns how many
+        images are still decoding, and the calls made."""
         made = ctypes.c_int(0)
         live = library().engine_iterate(ctypes.byref(self.struct), ctypes.byref(opts), n, _ptr(rows, _I64),
                                         _ptr(self.t, _I64), _ptr(self.props, _I64), _ptr(self.tokens, _I64),
                                         self.toks_len, _ptr(self.block_map, ctypes.POINTER(ctypes.c_uint8)),
-                                        _ptr(self.hist, _I64), _ptr(self.calls, _I64), int(propose), max_calls,
-                                        ctypes.byref(made))
+                                        _ptr(self.hist, _I64), _ptr(self.calls, _I64), int(propose),
+                                        int(max_calls), ctypes.byref(made))
         return live, made.value
 
     def draft(self, opts: _Options, b: int, h: torch.Tensor, pos: torch.Tensor, first: torch.Tensor,

@@ -315,6 +315,9 @@ def test_bad_inputs_are_refused_with_reasons():
         decode(m, lr, DecodeOptions(k=2, rule="eps", eps=-1))
     with pytest.raises(ValueError, match="mode"):
         options_for("fast")
+    for every in (0, -1, 2.5):  # a report every -1 calls would never come (and the loop never end)
+        with pytest.raises(ValueError, match="progress_every"):
+            decode(m, lr[None], progress=lambda *a: None, progress_every=every)
 
 
 def test_prior_weight_changes_greedy_and_exact_still_equals_it(setup64):

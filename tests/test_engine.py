@@ -48,13 +48,15 @@ def _round_inputs(module):
     module.register_forward_pre_hook(lambda mod, inputs: (inputs[0].bfloat16().to(inputs[0].dtype),))
 
 
-def _assert_near(got, want, atol, rounded):
+def _assert_near(got, want, atol, rounded, attention_rounded=False):
     err = (got.double() - want).abs()
     if rounded:  # an input the two round differently (float32 against float64 next to a bf16
-        # rounding boundary: a query, an attention weight) moves a few outputs by about a bf16
-        # step's worth (measured: 1.5% of the states beyond atol with attention on the tiles, 42%
-        # if the reference leaves its rounding out)
-        assert (err > atol).double().mean() < 0.02 and err.max() < 20 * atol, err.max()
+        # rounding boundary) moves a few outputs by about a bf16 step's worth; with attention on
+        # the tiles its queries and weights too (measured: 1.2-2.1% of the states beyond atol on
+        # these small models; 22% if the reference leaves the queries' rounding out, 42% the
+        # weights')
+        share, worst = (0.05, 20) if attention_rounded else (0.01, 10)
+        assert (err > atol).double().mean() < share and err.max() < worst * atol, err.max()
     else:
         assert err.max() < atol, err.max()
 
@@ -80,22 +82,25 @@ def _round_attention_as_the_tiles(m: ImageTransformerSR, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "softmax", lambda x, dim: _in_bf16(softmax(x, dim)))
 
 
-@pytest.mark.parametrize("seed, bf16_weights, d_ff, d_model, kernel", [(0, False, 64, 32, "multiply-adds")] + [
-    (seed, True, d_ff, d_model, kernel) for seed, d_ff, d_model in ((1, 64, 32), (2, 48, 64)) for kernel in KERNELS])
-def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff, d_model, kernel, monkeypatch):
+@pytest.mark.parametrize("seed, bf16_weights, d_ff, d_model, n_heads, kernel", [
+    (0, False, 64, 32, 2, "multiply-adds"), (3, False, 64, 64, 2, "multiply-adds")] + [
+    (seed, True, d_ff, d_model, 2, kernel) for seed, d_ff, d_model in ((1, 64, 32), (2, 48, 64)) for kernel in KERNELS] + [
+    (4, True, 64, 64, 1, "tiles")])
+def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff, d_model, n_heads, kernel,
+                                                        monkeypatch):
     """bf16_weights: every weight a bfloat16 value (a model trained in bf16), which the engine
     keeps in bfloat16 (the same numbers in half the bytes); it then keeps keys and values in
     bfloat16 too, as bf16 training made them, and where the processor has AMX its products take
     their inputs rounded to bfloat16, as autocast did in training, and so does attention where a
     head is 32 wide (d_model 64): the float64 reference rounds the same tensors where they are
-    made (under 2% of the outputs beyond atol: without the rounding about half are). d_ff 48: an
-    odd number of panels."""
+    made (a few % of the outputs beyond atol at most: without the rounding about half are). d_ff 48: an
+    odd number of panels; heads 16, 32 and 64 wide (64: two 32-dimension steps on the tiles)."""
     _use(kernel, monkeypatch)
-    m = make_tiny(seed, d_ff=d_ff, d_model=d_model)
+    m = make_tiny(seed, d_ff=d_ff, d_model=d_model, n_heads=n_heads)
     m = (m.to(torch.bfloat16) if bf16_weights else m).double()
     packed = engine.packed(m).struct
     on_tiles = _bf16_kind(bf16_weights) == 2
-    attention_on_tiles = on_tiles and d_model // m.cfg.n_heads == 32
+    attention_on_tiles = on_tiles and (d_model // n_heads) % 32 == 0
     assert packed.lm_w.bf16 == _bf16_kind(bf16_weights)
     assert packed.kv_bf16 == (2 if attention_on_tiles else int(bf16_weights))
     if bf16_weights:
@@ -130,8 +135,8 @@ def test_engine_states_and_logits_match_the_torch_model(seed, bf16_weights, d_ff
             states.append(h)
             zs.append(z)
             t += n
-        _assert_near(torch.cat(states), full[b], 2e-4, on_tiles)
-        _assert_near(torch.cat(zs), logits[b], 2e-3, on_tiles)
+        _assert_near(torch.cat(states), full[b], 2e-4, on_tiles, attention_on_tiles)
+        _assert_near(torch.cat(zs), logits[b], 2e-3, on_tiles, attention_on_tiles)
 
 
 @pytest.mark.parametrize("bf16_weights, kernel", [(False, "multiply-adds")] + [(True, k) for k in KERNELS])
@@ -170,7 +175,7 @@ def test_an_images_output_does_not_depend_on_its_batch(bf16_weights, threads, ke
     share alone); greedy, a smaller batch, and an image alone, by team (the threads share each
     product, and in calls of up to 8 rows each keeps its own copy of the residual stream). The
     same arithmetic every way; on the tiles, products of up to 30 rows (a partial last tile), and
-    attention (heads 32 wide) in groups of up to 7 queries."""
+    attention (heads 32 wide) in groups of up to 6 queries."""
     _use(kernel, monkeypatch)
     m = make_tiny(5, d_model=64)
     m = (m.to(torch.bfloat16) if bf16_weights else m).for_inference(torch.float32)
@@ -217,6 +222,30 @@ def test_drafted_blocks_are_the_torch_heads_proposals(bf16_weights, kernel, monk
     got = torch.cat([batch.draft(batch.options(), 0, full[0, p][None], pos[i:i + 1], first[i:i + 1], tgt[0])
                      for i, p in enumerate(pos.tolist())])
     assert torch.equal(got, want)
+
+
+def test_several_calls_a_crossing_are_the_calls_one_at_a_time():
+    """Batch.iterate(max_calls=10) makes 10 calls inside the engine, and leaves the tokens,
+    positions and proposals that 10 single calls leave; it stops early after a call in which an
+    image finished, and makes one call whatever max_calls < 1 says."""
+    m = make_tiny(12, d_model=64).for_inference(torch.float32)
+    src = _image(12)[0]
+
+    def started():
+        b = engine.Batch(m, src, k=4)
+        opts = b.options("eps", eps=2)
+        b.start(opts)
+        return b, opts, torch.arange(2, dtype=torch.int64)
+    one, opts1, rows1 = started()
+    for _ in range(10):
+        assert one.iterate(opts1, rows1, 2) == (2, 1)
+    many, opts, rows = started()
+    assert many.iterate(opts, rows, 2, max_calls=10) == (2, 10)
+    for name in ("tokens", "t", "props", "calls", "hist", "block_map"):
+        assert torch.equal(getattr(many, name), getattr(one, name)), name
+    assert many.iterate(opts, rows, 2, max_calls=0) == (2, 1)
+    live, made = many.iterate(opts, rows, 2, max_calls=10**6)
+    assert live == 1 and 1 <= made < 10**6 and int((many.t >= SEQ_LEN).sum()) == 1
 
 
 def test_the_engine_refuses_models_it_does_not_run():

@@ -1,7 +1,8 @@
 // One attention head's work in the engine (engine.cpp's attend: scores, softmax, weighted sums),
-// for g queries over a window of 208 keys (a query's average in the decoder) with bf16 keys and
-// values, on the tiles and with the float32 multiply-adds: the best of 20 runs of 2,000 heads. "cache": 4 heads' keys and values, cycled (they stay in L1/L2); "memory": 1,000
-// heads' (26 MB), as at batch 16 and up, where every call reads each image's windows from memory.
+// for g queries over a window of 208 keys (a window's average span in whole 32-key steps) with
+// bf16 keys and values, on the tiles and with the float32 multiply-adds: the best of 20 runs of
+// 2,000 heads. "cache": 4 heads' keys and values, cycled (they stay in L1/L2); "beyond L2": 1,000
+// heads' (26 MB), as at batch 16 and up, where each call reads every image's windows.
 //   g++ -O3 -march=native -fopenmp -std=c++17 experiments/attention-on-tiles/one_head.cpp -o one_head && taskset -c 1 ./one_head; rm -f one_head
 #include "../../sr_blockwise/engine.cpp"
 #include <chrono>
@@ -42,6 +43,6 @@ int main() {
     std::printf("| queries | keys and values | multiply-adds (us a head) | tiles (us a head) |\n|---|---|---|---|\n");
     for (int g : {1, 2, 4, 7})
         for (int heads : {4, 1000})
-            std::printf("| %d | %s | %.3f | %.3f |\n", g, heads == 4 ? "cache" : "memory", head_us(g, heads, false),
+            std::printf("| %d | %s | %.3f | %.3f |\n", g, heads == 4 ? "cache" : "beyond L2", head_us(g, heads, false),
                         head_us(g, heads, true));
 }
