@@ -126,7 +126,7 @@ class Upscaler:
 
     def upscale(self, images, mode: str = "exact", k: int = 2, eps: int = 2, temperature: float = 1.0,
                 seed: int | Sequence[int] = 0, prior_weight: float | None = None, match_input: bool = True,
-                batch_size: int = 8, return_stats: bool = False):
+                batch_size: int = 16, return_stats: bool = False):
         """Upscale one face, or a list of them, to 32x32.
 
         images: a PIL image, a numpy array ((H, W) grey, (H, W, 3) RGB or (H, W, 4) RGBA, integers

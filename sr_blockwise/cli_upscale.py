@@ -41,7 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="sample mode only: above 0 (default 1.0)")
     p.add_argument("--seed", type=int, default=0, help="sample mode: the same seed and --k give the same images")
     p.add_argument("--weights", default=None, help="weights name or .json path (default: the shipped default)")
-    p.add_argument("--batch-size", type=int, default=8, help="images decoded together (default 8)")
+    p.add_argument("--batch-size", type=int, default=16, help="images decoded together (default 16)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")

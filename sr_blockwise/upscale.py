@@ -79,7 +79,7 @@ class Config:
     temperature: float = 1.0
     seed: int = 0
     weights: str | None = None
-    batch_size: int = 8
+    batch_size: int = 16
     device: str = "auto"
     dtype: str = "bfloat16"
     threads: int = 0
