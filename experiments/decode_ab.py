@@ -2,14 +2,27 @@
 # interleaved: call costs, seconds a face, and the outputs' quality on held-out faces. Shared by
 # experiments/amx-tiles/decode_speed.py (the products' kernels) and
 # experiments/attention-on-tiles/decode_speed.py (attention's).
+import argparse
 import time
 
 import numpy as np
+import torch
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from sr_blockwise import bench
+from sr_blockwise import bench, engine
 from sr_blockwise.data import downsample_8, load_faces
 from sr_blockwise.decoding import decode, options_for
+
+
+def arguments() -> argparse.Namespace:
+    """--threads (torch's, set here) and --rounds; refuses a processor without AMX tiles."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    assert engine.uses_amx(), "this processor (or its kernel) gives the engine no AMX tiles"
+    return args
 
 
 def compare(models: dict, label: str, modes, faces: dict, rounds: int) -> None:

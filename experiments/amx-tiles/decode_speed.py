@@ -3,23 +3,17 @@
 # quality (experiments/decode_ab.py). The multiply-add copy is packed as on a processor without
 # AMX (engine.uses_amx False while it is packed); both copies run the same engine.cpp.
 #   PYTHONPATH=. python experiments/amx-tiles/decode_speed.py [--threads 2]
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/decode_ab.py
-from decode_ab import compare
+from decode_ab import arguments, compare
 from sr_blockwise import engine
 from sr_blockwise.checkpoints import load_model
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--rounds", type=int, default=2)
-args = ap.parse_args()
-torch.set_num_threads(args.threads)
-assert engine.uses_amx(), "this processor (or its kernel) gives the engine no AMX tiles"
+args = arguments()
 
 
 def packed_model(tiles: bool):

@@ -4,23 +4,17 @@
 # The multiply-add copy is the same packed model with its engine's kv_bf16 set to 1, as for heads
 # whose width is no multiple of 32.
 #   PYTHONPATH=. python experiments/attention-on-tiles/decode_speed.py [--threads 2] [--rounds 2]
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/decode_ab.py
-from decode_ab import compare
+from decode_ab import arguments, compare
 from sr_blockwise import engine
 from sr_blockwise.checkpoints import load_model
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--rounds", type=int, default=2)
-args = ap.parse_args()
-torch.set_num_threads(args.threads)
-assert engine.uses_amx(), "this processor (or its kernel) gives the engine no AMX tiles"
+args = arguments()
 
 
 def packed_model(attention_on_tiles: bool):
