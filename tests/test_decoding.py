@@ -55,6 +55,7 @@ def test_exact_blockwise_equals_greedy(setup64, k):
             assert s.mean_block > 1.5 and s.block_hist[k - 1] > 0  # long blocks were exercised
 
 
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
 @pytest.mark.parametrize("opts", [DecodeOptions(k=1), DecodeOptions(k=4), DecodeOptions(k=4, rule="eps", eps=2)])
 def test_several_engine_calls_a_crossing_decode_what_one_a_crossing_does(opts):
     """The native loop runs calls in the engine until an image finishes (engine_iterate's
