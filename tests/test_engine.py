@@ -43,9 +43,13 @@ def _bf16_kind(bf16_weights: bool) -> int:
     return (2 if engine.uses_amx() else 1) if bf16_weights else 0
 
 
+def _in_bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.bfloat16().to(x.dtype)
+
+
 def _round_inputs(module):
     """As the engine's products on the AMX tiles do: inputs rounded to bfloat16."""
-    module.register_forward_pre_hook(lambda mod, inputs: (inputs[0].bfloat16().to(inputs[0].dtype),))
+    module.register_forward_pre_hook(lambda mod, inputs: (_in_bf16(inputs[0]),))
 
 
 def _assert_near(got, want, atol, rounded, attention_rounded=False):
@@ -59,10 +63,6 @@ def _assert_near(got, want, atol, rounded, attention_rounded=False):
         assert (err > atol).double().mean() < share and err.max() < worst * atol, err.max()
     else:
         assert err.max() < atol, err.max()
-
-
-def _in_bf16(x: torch.Tensor) -> torch.Tensor:
-    return x.bfloat16().to(x.dtype)
 
 
 def _round_attention_as_the_tiles(m: ImageTransformerSR, monkeypatch):
@@ -216,7 +216,7 @@ def test_drafted_blocks_are_the_torch_heads_proposals(bf16_weights, kernel, monk
         if _bf16_kind(bf16_weights) == 2:  # the heads' products and p1's logits on the tiles
             linear = torch.nn.functional.linear
             monkeypatch.setattr(torch.nn.functional, "linear",
-                                lambda x, *a: linear(x.bfloat16().to(x.dtype), *a))
+                                lambda x, *a: linear(_in_bf16(x), *a))
         want = torch.stack([m.draft_heads(full[:, p], k, src, pos[i:i + 1], tgt, first=first[i:i + 1])[0]
                             for i, p in enumerate(pos.tolist())])
     got = torch.cat([batch.draft(batch.options(), 0, full[0, p][None], pos[i:i + 1], first[i:i + 1], tgt[0])
