@@ -38,20 +38,22 @@ from . import engine as native
 from .model import SEQ_LEN, ImageTransformerSR
 
 RULES = ("exact", "eps", "topk", "oracle")
-PROPOSALS = ("argmax", "window")
+PROPOSALS = ("argmax", "window", "recycle")
 
 # One grammar for decode modes, read by the upscale options, evaluate, bench-decode and the rating
 # tool:   MODE[:k=K][:min-block=N][:w=G][:T=T][:seed=S]
-# MODE is greedy (k=1), exact, oracle, eps=E, eps-window=E, top-k=N, min-block=N (the exact rule,
-# at least N tokens a call) or sample (temperature T > 0; k > 1 is speculative sampling). k: block
+# MODE is greedy (k=1), exact (recycled proposals), exact-heads (the paper's: the heads' alone),
+# oracle, eps=E, eps-window=E, top-k=N, min-block=N (the exact rule, at least N tokens a call) or
+# sample (temperature T > 0; k > 1 is speculative sampling). k: block
 # size; min-block=N after eps / top-k / oracle; w: input guidance (prior_weight, default 1); T and
 # seed: sampling only. Settings come in any order; every mode but greedy needs k (a caller may
 # fill it in: DecodeOptions.parse(spec, k=6)). DecodeOptions.spec writes the one canonical form:
 # DecodeOptions.parse(o.spec) == o.
-SPEC_MODES = ("greedy", "exact", "oracle", "sample", "eps=E", "eps-window=E", "top-k=N", "min-block=N")
+SPEC_MODES = ("greedy", "exact", "exact-heads", "oracle", "sample", "eps=E", "eps-window=E", "top-k=N",
+              "min-block=N")
 SPEC_HELP = ("MODE[:k=K][:min-block=N][:w=G][:T=T][:seed=S] with MODE one of " + ", ".join(SPEC_MODES)
              + " (e.g. exact:k=6, eps=2:k=6:w=2, sample:k=4:T=0.8)")
-_MODE_ALIASES = {"topk": "top-k", "minblock": "min-block", "epswindow": "eps-window"}
+_MODE_ALIASES = {"topk": "top-k", "minblock": "min-block", "epswindow": "eps-window", "exactheads": "exact-heads"}
 _KEYS = {"k": "k", "w": "w", "t": "T", "seed": "seed", "min-block": "min-block", "minblock": "min-block"}
 _INT = re.compile(r"[+-]?\d+")
 
@@ -74,16 +76,27 @@ class DecodeOptions:
     # the output has the distribution of plain one-token-per-call sampling. 0: greedy / blockwise
     temperature: float = 0.0
     seed: int = 0
-    # how heads 2..k propose: "argmax" (the paper) or, for the eps rule, "window": the centre of
-    # the most probable (2*eps+1)-wide window of the head's distribution, the value most likely
-    # to land within eps of p1's argmax
-    propose: str = "argmax"
+    # where proposals 2..k come from: "argmax", the heads' argmax (the paper; the grammar's
+    # exact-heads); for the eps rule "window", the centre of the most probable (2*eps+1)-wide
+    # window of the head's distribution, the value most likely to land within eps of p1's argmax;
+    # for the exact rule "recycle" (the grammar's exact): the heads' argmax, except at the
+    # positions the last call verified past its rejected proposal, where p1's own argmax from
+    # that call (those logits read the rejected token, yet exact mode's blocks grow 1.5 -> 2.0 at
+    # k=6, output unchanged; under the eps rule such proposals were accepted less often than the
+    # heads': experiments/recycled-proposals/). None: "recycle" where it applies (the exact rule,
+    # k > 1, min_block 1, no sampling), else "argmax"
+    propose: str | None = None
     # input guidance: the weight of the model's learned prior over (intensity - the 8x8 input's
     # intensity of that cell and channel), in p1 and in every head. 1 is the model as trained;
     # above 1 pulls every prediction toward the input (measured: 2 is closer to the real faces
     # than 1 and lengthens blocks; large weights give the blocky nearest-neighbour upscale).
     # Exact mode equals greedy decoding at the same weight.
     prior_weight: float = 1.0
+
+    def __post_init__(self):
+        if self.propose is None:
+            recycles = self.rule == "exact" and self.k > 1 and self.min_block == 1 and self.temperature == 0
+            self.propose = "recycle" if recycles else "argmax"
 
     def validate(self) -> None:
         """Raise ValueError naming what is wrong with these options on any model (check() adds
@@ -115,6 +128,9 @@ class DecodeOptions:
                              f"decoding draw nothing")
         if self.propose == "window" and self.rule != "eps":
             raise ValueError("window proposals are for the eps rule (they aim within eps levels)")
+        if self.propose == "recycle" and not (self.rule == "exact" and self.k > 1 and self.min_block == 1):
+            raise ValueError("recycled proposals are for the exact rule with k > 1 and min_block 1 (p1's own "
+                             "choices, which only the exact rule keeps as they are)")
         if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
             raise ValueError(f"prior_weight must be a number >= 0, got {self.prior_weight}")
 
@@ -129,8 +145,8 @@ class DecodeOptions:
 
     @property
     def mode(self) -> str:
-        """The spec's MODE part: greedy, exact, oracle, sample, eps=E, eps-window=E, top-k=N or
-        min-block=N."""
+        """The spec's MODE part: greedy, exact, exact-heads, oracle, sample, eps=E, eps-window=E,
+        top-k=N or min-block=N."""
         self.validate()
         if self.temperature > 0:
             return "sample"
@@ -142,7 +158,9 @@ class DecodeOptions:
             return "oracle"
         if self.min_block > 1:
             return f"min-block={self.min_block}"
-        return "greedy" if self.k == 1 else "exact"
+        if self.k == 1:
+            return "greedy"
+        return "exact" if self.propose == "recycle" else "exact-heads"
 
     @property
     def spec(self) -> str:
@@ -185,7 +203,7 @@ class DecodeOptions:
             return x
 
         fields = {}
-        if name in ("greedy", "exact", "oracle", "sample") and not eq:
+        if name in ("greedy", "exact", "exact-heads", "oracle", "sample") and not eq:
             fields["rule"] = "oracle" if name == "oracle" else "exact"
         elif name in ("eps", "eps-window", "top-k", "min-block") and eq:
             v = whole(name, value)
@@ -215,6 +233,8 @@ class DecodeOptions:
             raise ValueError(f"decode mode {spec!r}: say the block size, e.g. {head}:k=6")
         if name == "greedy" and fields["k"] != 1:
             raise ValueError(f"decode mode {spec!r}: greedy decodes one token per call (k=1); use exact:k={fields['k']}")
+        if name == "exact-heads":
+            fields["propose"] = "argmax"
         if "min-block" in given:
             fields["min_block"] = whole("min-block", given["min-block"])
         if "w" in given:
@@ -376,7 +396,7 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         h_next, verified = _commit(s, h, n, verified)
         if len(s.rows):
             s.props, s.qlog = _propose(model, h_next, s.k, opts, opts.prior_weight, s.gen, s.t[s.rows], s.rows,
-                                       s.src, s.out, proposer, verified)
+                                       s.src, s.out, proposer, verified, s.recycled)
         if progress is not None and s.n_calls % progress_every == 0:
             progress(s.out[:, :SEQ_LEN].cpu().numpy(), s.t.cpu().numpy(), s.bmap[:, :SEQ_LEN].cpu().numpy(),
                      s.n_calls)
@@ -403,6 +423,9 @@ class _Batch:
     t0: float
     rows: torch.Tensor = None  # images still decoding
     props: torch.Tensor = None  # (len(rows), k) their proposals; the first is the sure token
+    # propose="recycle": per row, p1's argmax (k-1,) at the positions after the next sure token that
+    # the last call computed, and how many of them there are (see _verify); else None
+    recycled: tuple | None = None
     qlog: torch.Tensor | None = None  # speculative sampling: the logits the drafts were drawn from
     n_calls: int = 1  # batched model calls
 
@@ -466,7 +489,13 @@ def _verify(model, s: _Batch, opts: DecodeOptions):
         b_ar = torch.arange(len(rows), device=h.device)
         verified = (plog[b_ar, n - 1], s.qlog[b_ar, (n - 1).clamp(max=k - 2)], n < k)
     elif k > 1:
-        n = accepted_length(s.props, model.logits(h, s.src[rows], (tr + 1)[:, None] + ar, opts.prior_weight), opts)
+        logits = model.logits(h, s.src[rows], (tr + 1)[:, None] + ar, opts.prior_weight)
+        n = accepted_length(s.props, logits, opts)
+        if opts.propose == "recycle":
+            # the next block's sure token is p1's argmax at n - 1; its proposals at positions
+            # t + n + 1 .. t + k are p1's argmax at n .. k - 1, read past the rejected proposal n
+            idx = n[:, None] + torch.arange(k - 1, device=h.device)
+            s.recycled = (logits.argmax(-1).gather(1, idx.clamp(max=k - 1)), k - n)
     else:
         n = torch.ones(len(rows), dtype=torch.long, device=h.device)
     return h, torch.minimum(n, SEQ_LEN - tr), verified
@@ -492,6 +521,8 @@ def _commit(s: _Batch, h, n, verified):
     h_next = h[torch.arange(len(rows), device=h.device), n - 1]
     live = ~done
     s.rows = rows[live]
+    if s.recycled is not None:
+        s.recycled = tuple(x[live] for x in s.recycled)
     return h_next[live], (tuple(x[live] for x in verified) if verified is not None else None)
 
 
@@ -522,7 +553,8 @@ def _decode_native(model, lr, opts, progress, progress_every, proposer, seeds=No
         batch.sample_with(_sampling_noise(B, opts, "cpu", seeds, speculative=k > 1))
         copts = batch.options("sample", temperature=opts.temperature)
     else:
-        copts = batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window)
+        copts = batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window,
+                              recycle=opts.propose == "recycle")
     rows = torch.arange(B, dtype=torch.int64)
     batch.start(copts, rows)
     if proposer is not None and k > 1:
@@ -653,7 +685,7 @@ def _agreement_native(model, lr, greedy_images, ks, prior_weight):
     return agree
 
 
-def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, verified=None):
+def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, verified=None, recycled=None):
     """k proposals from the decoder state h (b, d) that predicts position t (b,) of images `rows`
     of the batch's input src, whose confirmed tokens are out[rows, :t], at guidance weight w
     (opts.prior_weight, as decode passes it). The first is always
@@ -662,8 +694,9 @@ def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, verifi
     Sampling (gen: _sampling_noise's tables): the first token is p1's sample; heads 2..k then
     sample their drafts. verified: after a speculative call, (p1's logits at h (b, 256), the
     logits q (b, 256) of the draft verified there, whether it was rejected (b,)): where it was,
-    the first token is drawn from max(0, p1 - q). -> (proposals (b, k), the drafts' logits
-    (b, k-1, 256) when sampling with k > 1, else None)."""
+    the first token is drawn from max(0, p1 - q). recycled: (tokens (b, k-1), counts (b,)): the
+    first counts[i] proposals after the sure token are given (opts.propose "recycle"; _verify).
+    -> (proposals (b, k), the drafts' logits (b, k-1, 256) when sampling with k > 1, else None)."""
     if opts.temperature > 0:
         T = opts.temperature
         raw = model.logits(h, src[rows], t, w) if verified is None else verified[0]
@@ -685,7 +718,8 @@ def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, verifi
         # p1's own choice is always its argmax: it is the sure token
         window = opts.propose == "window" and opts.eps > 0
         return model.draft_heads(h, k, src[rows], t, out[rows],
-                                 (lambda z, i: window_centre(z, opts.eps)) if window else None, w), None
+                                 (lambda z, i: window_centre(z, opts.eps)) if window else None, w,
+                                 given=recycled), None
     first = model.logits(h, src[rows], t, w).argmax(-1, keepdim=True)
     return (torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first), None
 

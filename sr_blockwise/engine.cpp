@@ -923,6 +923,7 @@ enum Rule { EXACT = 0, EPS = 1, TOPK = 2, ORACLE = 3, SAMPLE = 4 };
 struct Options {
     int k, rule, eps, top_k, min_block, window;
     float temperature;
+    int recycle;  // the exact rule: proposals past a rejected one come from the call's own logits (call_images)
 };
 
 
@@ -1058,12 +1059,13 @@ static int sample_accepted(const Engine* E, const Options* o, int b, int t, cons
 }
 
 // Blocks of k proposals for m entries: entry i's state hs (i, d) of image imgs[i] predicts
-// position pos[i], its sure token props[i][0] is set already; heads 2..k's logits come for every
-// entry at once, then each entry's proposals in head order (with nbr_draft a head's prior reads
-// the proposals before it). toks[i]: the image's decoded tokens, read before pos[i] only. Uses
-// w.pre, w.x, w.xn and w.z. Team call.
+// position pos[i], its sure token props[i][0] is set already, and so are its next given[i]
+// proposals where given (recycled: see call_images); heads 2..k's logits come for every entry at
+// once, then each entry's other proposals in head order (with nbr_draft a head's prior reads the
+// proposals before it, given ones too). toks[i]: the image's decoded tokens, read before pos[i]
+// only. Uses w.pre, w.x, w.xn and w.z. Team call.
 static void draft(const Engine* E, const Options* o, int m, const int* imgs, const float* hs, const int* pos,
-                  int64_t* const* toks, int64_t* const* props, const Work& w) {
+                  int64_t* const* toks, int64_t* const* props, const Work& w, const int* given = nullptr) {
     const int d = E->d, f = E->f, G = E->G, k = o->k, window = o->window;
     const int kh = k < G + 1 ? k : G + 1;  // a block longer than the model's heads keeps the rest as is
     if (kh == 1) return;
@@ -1086,7 +1088,7 @@ static void draft(const Engine* E, const Options* o, int m, const int* imgs, con
     #pragma omp for schedule(static)
     for (int i = 0; i < m; i++) {
         int64_t* pr = props[i];
-        for (int g = 0; g < nh; g++) {  // in order: with nbr_draft a head's prior reads the proposals before it
+        for (int g = given ? given[i] : 0; g < nh; g++) {  // in order: with nbr_draft a head's prior reads the proposals before it
             float* lg = w.z + ((size_t)i * nh + g) * V;
             if (E->has_nbr_prior) add_nbr_prior(E, g, pos[i] + g + 1, toks[i], pr, lg);
             if (o->rule == SAMPLE) pr[g + 1] = draft_sample(E, o, imgs[i], pos[i] + g + 1, g, lg);
@@ -1150,11 +1152,16 @@ extern "C" void engine_start(const Engine* E, const Options* o, int n, const int
 // A call for m images (all of a batch's, or a thread's share of them), by a team: the decoder
 // step for their k tokens, p1's logits, the acceptance rule and the commit (acc[i]: the tokens
 // image i keeps), then the next blocks' drafts for the images that go on (*m2 of them: nimg,
-// npos, and their tokens' and proposals' rows in ptoks and pprops). See engine_iterate.
+// npos, and their tokens' and proposals' rows in ptoks and pprops; given: scratch for draft).
+// With o->recycle, where the rule rejected proposal a, the next block's proposals at the positions
+// this call went on to verify are p1's argmax there (logits the call computed anyway) instead of
+// the heads': those logits read the rejected token, but p1 one position ahead still guesses the
+// exact rule's next token far more often than a head two or more ahead (exact mode's blocks 1.5
+// -> 2.0 at k=6: experiments/recycled-proposals/). See engine_iterate.
 static void call_images(const Engine* E, const Options* o, int m, const int* imgs, const int* pos, const int64_t* pk,
                         const Work& w, int* acc, int* nimg, int* npos, int64_t** ptoks, int64_t** pprops, int* m2,
                         int64_t* t_arr, int64_t* props, int64_t* toks, int toks_len, uint8_t* block_map,
-                        int64_t* hist, int64_t* calls, int propose) {
+                        int64_t* hist, int64_t* calls, int propose, int* given) {
     const int k = o->k, d = E->d;
     const ThreadBuf tb(E);
     const float* h = step(E, m, imgs, k, pk, k, pos, w, tb);
@@ -1179,6 +1186,8 @@ static void call_images(const Engine* E, const Options* o, int m, const int* img
             props[(size_t)b * k] = sample_first(E, o, b, t + a, z + (size_t)(a - 1) * V,
                                                 drawn < k ? E->qlog + ((size_t)b * (MAXK - 1) + a - 1) * V : nullptr);
         else if (t + a < S) props[(size_t)b * k] = argmax(z + (size_t)(a - 1) * V);
+        if (o->recycle && t + a < S)  // positions t + a + 1 .. t + k (none where all k were kept)
+            for (int j = a; j < k; j++) props[(size_t)b * k + 1 + j - a] = argmax(z + (size_t)j * V);
     }
     #pragma omp single
     {
@@ -1186,7 +1195,7 @@ static void call_images(const Engine* E, const Options* o, int m, const int* img
         for (int i = 0; i < m; i++) {
             int b = imgs[i];
             if (t_arr[b] >= S) continue;
-            nimg[c] = b; npos[c] = (int)t_arr[b];
+            nimg[c] = b; npos[c] = (int)t_arr[b]; given[c] = o->recycle ? k - acc[i] : 0;
             std::memcpy(w.att + (size_t)c * d, h + ((size_t)i * k + acc[i] - 1) * d, d * sizeof(float));
             ptoks[c] = toks + (size_t)b * toks_len; pprops[c] = props + (size_t)b * k;
             c++;
@@ -1194,7 +1203,7 @@ static void call_images(const Engine* E, const Options* o, int m, const int* img
         *m2 = c;
     }
     mark(E, ST_ACCEPT);
-    if (propose) draft(E, o, *m2, nimg, w.att, npos, ptoks, pprops, w);  // ends at a barrier
+    if (propose) draft(E, o, *m2, nimg, w.att, npos, ptoks, pprops, w, given);  // ends at a barrier
     mark(E, ST_DRAFT);
 }
 
@@ -1225,8 +1234,9 @@ static int one_call(const Engine* E, const Options* o, int n, int64_t* rows, int
                     int64_t* toks, int toks_len, uint8_t* block_map, int64_t* hist, int64_t* calls, int propose) {
     const int k = o->k, T = E->threads;
     const Work w = work_of(E);
-    int* ibuf = (int*)std::malloc((5 * (size_t)n + T) * sizeof(int));
+    int* ibuf = (int*)std::malloc((6 * (size_t)n + T) * sizeof(int));
     int *imgs = ibuf, *pos = imgs + n, *acc = pos + n, *nimg = acc + n, *npos = nimg + n, *m2 = npos + n;
+    int* given = m2 + T;
     int64_t* pk = (int64_t*)std::malloc((size_t)n * k * sizeof(int64_t));
     int64_t** ptrs = (int64_t**)std::malloc(2 * (size_t)n * sizeof(int64_t*));
     int m = 0;
@@ -1254,10 +1264,10 @@ static int one_call(const Engine* E, const Options* o, int n, int64_t* rows, int
                 #pragma omp parallel num_threads(1)
                 call_images(E, o, i1 - i0, imgs + i0, pos + i0, pk + (size_t)i0 * k, ws, acc + i0, nimg + i0,
                             npos + i0, ptrs + i0, ptrs + n + i0, m2 + t, t_arr, props, toks, toks_len, block_map,
-                            hist, calls, propose);
+                            hist, calls, propose, given + i0);
             } else {
                 call_images(E, o, m, imgs, pos, pk, w, acc, nimg, npos, ptrs, ptrs + n, m2, t_arr, props, toks,
-                            toks_len, block_map, hist, calls, propose);
+                            toks_len, block_map, hist, calls, propose, given);
             }
         }
     }

@@ -67,7 +67,7 @@ class _Engine(ctypes.Structure):
 
 class _Options(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_int) for n in ("k", "rule", "eps", "top_k", "min_block", "window")]
-                + [("temperature", ctypes.c_float)])
+                + [("temperature", ctypes.c_float), ("recycle", ctypes.c_int)])
 
 
 def _cache_dir() -> Path:
@@ -334,10 +334,15 @@ class Batch:
         self.calls = torch.ones(B, dtype=torch.int64)  # the first, prefix-free call
         self._noise = None  # sampling's noise tables (sample_with)
 
-    def options(self, rule="exact", eps=0, top_k=1, min_block=1, window=0, temperature=0.0) -> _Options:
+    def options(self, rule="exact", eps=0, top_k=1, min_block=1, window=0, temperature=0.0,
+                recycle=False) -> _Options:
+        """A call's settings. recycle (the exact rule): proposals past a rejected one are p1's own
+        argmax from the call that rejected it (decoding.DecodeOptions.propose, "recycle")."""
         if rule == "sample" and (self._noise is None or not temperature > 0):
             raise ValueError("the sample rule needs a temperature > 0 and the noise tables (sample_with)")
-        return _Options(self.k, RULES[rule], eps, top_k, min_block, window, temperature)
+        if recycle and rule != "exact":
+            raise ValueError("recycled proposals are for the exact rule")
+        return _Options(self.k, RULES[rule], eps, top_k, min_block, window, temperature, int(recycle))
 
     def time_stages(self) -> torch.Tensor:
         """From now on, every call adds the processor's cycle count of each of its stages (STAGES)

@@ -227,7 +227,7 @@ def head_logits(model: ImageTransformerSR, h: torch.Tensor, k: int, src: torch.T
 
 def draft_heads(model: ImageTransformerSR, h: torch.Tensor, k: int, src: torch.Tensor, pos: torch.Tensor,
                 tokens: torch.Tensor, choose=None, prior_weight: float = 1.0,
-                with_logits: bool = False, first: torch.Tensor | None = None):
+                with_logits: bool = False, first: torch.Tensor | None = None, given: tuple | None = None):
     """A block's k proposals (b, k) from decoder states h (b, d) that predict positions pos
     (b,), given the decoded intensities tokens (b, S) (read before pos only). The first is
     p1's argmax, or `first` (b,) where given (speculative sampling's sampled token); heads
@@ -236,9 +236,20 @@ def draft_heads(model: ImageTransformerSR, h: torch.Tensor, k: int, src: torch.T
     With nbr_draft a head's prior reads the proposals before it, so they are made one head
     at a time; each equals what `head_logits` gives when the tokens hold those proposals.
     with_logits: also returns the logits heads 2..k chose from, (b, k-1, 256) (the draft
-    distributions speculative sampling verifies against; k=1: None)."""
-    props, logits = _draft(model, h, k, src, pos, tokens, choose or (lambda z, i: z.argmax(-1)),
-                           prior_weight, first)
+    distributions speculative sampling verifies against; k=1: None). given: (tokens (b, k-1),
+    counts (b,)): row i's first counts[i] proposals after the sure token are tokens[i, :counts[i]]
+    instead of the heads' (recycled proposals, decoding._verify); the heads after them read them
+    as they read their own."""
+    choose = choose or (lambda z, i: z.argmax(-1))
+    if given is not None:
+        fixed, counts = given
+        heads_choose = choose
+
+        def choose(z, i):  # i: a head's index in 2..k (0 = head 2), or all of them at once
+            c = heads_choose(z, i)
+            at = torch.arange(k - 1, device=z.device)[i]
+            return torch.where(at < (counts[:, None] if c.dim() == 2 else counts), fixed[:, i], c)
+    props, logits = _draft(model, h, k, src, pos, tokens, choose, prior_weight, first)
     return (props, logits) if with_logits else props
 
 

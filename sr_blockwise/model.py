@@ -379,9 +379,9 @@ class ImageTransformerSR(nn.Module):
 
     def draft_heads(self, h: torch.Tensor, k: int, src: torch.Tensor, pos: torch.Tensor,
                     tokens: torch.Tensor, choose=None, prior_weight: float = 1.0,
-                    with_logits: bool = False, first: torch.Tensor | None = None):
+                    with_logits: bool = False, first: torch.Tensor | None = None, given: tuple | None = None):
         """A block's k proposals (b, k): heads.draft_heads."""
-        return _heads.draft_heads(self, h, k, src, pos, tokens, choose, prior_weight, with_logits, first)
+        return _heads.draft_heads(self, h, k, src, pos, tokens, choose, prior_weight, with_logits, first, given)
 
     # --- full (teacher-forced) forward, used for training and for checking the cache
 

@@ -72,14 +72,14 @@ def test_train_throughput_counts_flops():
 
 
 def test_decode_table_decodes_every_row_at_the_prior_weight_given():
-    """bench-decode --prior-weight: the exact row's blocks are those of exact decoding at that
-    weight (the replay over that weight's greedy output), not the unweighted model's."""
+    """bench-decode --prior-weight: the exact-heads row's blocks are those of exact decoding at
+    that weight (the replay over that weight's greedy output), not the unweighted model's."""
     from sr_blockwise.decoding import DecodeOptions, decode, exact_block_stats
     m = make_tiny(3).for_inference(torch.float32)
     lr = np.random.default_rng(1).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
-    rows = decode_table(m, lr, ks=(4,), modes=("exact",), prior_weight=3.0)
+    rows = decode_table(m, lr, ks=(4,), modes=("exact-heads",), prior_weight=3.0)
     guided = decode(m, lr, DecodeOptions(k=1, prior_weight=3.0)).images
     replay = exact_block_stats(m, lr, guided, [4], prior_weight=3.0)[4]
     assert rows[1]["mean_block"] == np.mean([s.mean_block for s in replay])
-    plain = decode_table(m, lr, ks=(4,), modes=("exact",))
+    plain = decode_table(m, lr, ks=(4,), modes=("exact-heads",))
     assert plain[1]["mean_block"] != rows[1]["mean_block"]  # the weight changes the blocks here

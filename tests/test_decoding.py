@@ -152,11 +152,11 @@ def _same_blocks(decoded, replayed):
     return [(a.calls, a.block_hist) for a in decoded] == [(b.calls, b.block_hist) for b in replayed]
 
 
-def test_replay_gives_exact_decodings_blocks_for_every_k(setup64):
+def test_replay_gives_the_heads_exact_decodings_blocks_for_every_k(setup64):
     m, lr, g = setup64
     rep = exact_block_stats(m, lr, g.images, [2, 4, 10], chunk=48)
     for k in (2, 4, 10):
-        r = decode(m, lr, DecodeOptions(k=k))
+        r = decode(m, lr, DecodeOptions(k=k, propose="argmax"))  # exact-heads: the heads' proposals alone
         assert _same_blocks(r.stats, rep[k]), k
     assert sum(sum(s.block_hist[1:]) for s in rep[4]) > 0  # multi-token blocks were replayed too
     noisy = g.images.copy()
@@ -173,10 +173,14 @@ def test_replay_matches_exact_decoding_of_the_shipped_weights(celeba_npz):
     m = load_model("cpu-finetuned")
     lr = downsample_8(load_faces(celeba_npz, part="test").images[:1])
     g = greedy(m, lr)
-    r = decode(m, lr, DecodeOptions(k=6))
+    r = decode(m, lr, DecodeOptions(k=6, propose="argmax"))  # exact-heads
     np.testing.assert_array_equal(r.images, g.images)
     rep = exact_block_stats(m, lr, g.images, [6])
     assert _same_blocks(r.stats, rep[6]) and rep[6][0].mean_block > 1.1
+    # exact mode proper recycles the verifications' logits: the same output in fewer calls
+    recycled = decode(m, lr, DecodeOptions(k=6))
+    np.testing.assert_array_equal(recycled.images, g.images)
+    assert recycled.stats[0].mean_block > 1.15 * rep[6][0].mean_block
 
 
 def test_bf16_exact_equals_bf16_greedy():
@@ -256,6 +260,55 @@ def test_speculative_rule_gives_tokens_distributed_as_p(temperature):
 
 
 @pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
+@pytest.mark.parametrize("overrides", [{}, {"nbr_draft": False}])
+def test_recycled_exact_mode_is_greedy_with_longer_blocks_on_both_engines(overrides):
+    """Exact mode recycles a verification's logits past its rejected proposal: the output stays
+    greedy's, the blocks get longer than the heads' alone, and the two engines, which compute a
+    small float32 model's logits alike, recycle the same proposals (the same blocks)."""
+    m = make_tiny(3, **overrides).for_inference(torch.float32)
+    lr = np.random.default_rng(3).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
+    g = greedy(m, lr)
+    for k in (2, 4):
+        blocks = {}
+        for propose in ("recycle", "argmax"):
+            for engine in ("native", "torch"):
+                r = decode(m, lr, DecodeOptions(k=k, propose=propose), engine=engine)
+                np.testing.assert_array_equal(r.images, g.images)
+                blocks[propose, engine] = [s.block_hist for s in r.stats]
+        assert blocks["recycle", "native"] == blocks["recycle", "torch"]
+        assert blocks["argmax", "native"] == blocks["argmax", "torch"]
+        mean = lambda hists: np.mean([np.dot(h, np.arange(1, k + 1)) / sum(h) for h in hists])
+        assert mean(blocks["recycle", "native"]) > 1.1 * mean(blocks["argmax", "native"])
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
+def test_recycled_proposals_are_p1s_argmax_past_the_rejection():
+    """Call by call on the native engine: after a call keeps a < k tokens, the next block is p1's
+    argmax at the last kept position (the sure token) and then p1's argmax at the positions after
+    it that the call computed, read past the rejected proposal; a second batch stepping the same
+    tokens gives the call's logits."""
+    m = make_tiny(4).for_inference(torch.float32)
+    src = torch.from_numpy(to_tokens(np.random.default_rng(4).integers(0, 256, (1, 8, 8, 3), dtype=np.uint8)))
+    k = 4
+    b, mirror = native.Batch(m, src, k), native.Batch(m, src, k)
+    opts = b.options("exact", recycle=True)
+    rows = torch.zeros(1, dtype=torch.int64)
+    b.start(opts, rows)
+    mirror.step(0, torch.tensor([-1]), 0)
+    rejections = 0
+    for _ in range(40):
+        t, props = int(b.t[0]), b.props[0].clone()
+        b.iterate(opts, rows, 1)
+        z = mirror.step(0, props, t + 1)[1]  # the call's logits: positions t + 1 .. t + k
+        a = int(b.t[0]) - t
+        assert torch.equal(b.tokens[0, t:t + a], props[:a]) and int(b.props[0, 0]) == int(z[a - 1].argmax())
+        if a < k:
+            rejections += 1
+            assert torch.equal(b.props[0, 1:1 + k - a], z[a:].argmax(-1))
+    assert rejections >= 10
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
 @pytest.mark.parametrize("k, T", [(4, 1.0), (4, 0.8), (6, 0.5)])
 def test_native_sampling_draws_what_the_torch_engine_draws(k, T):
     """The engines share the noise tables and the rule (speculative acceptance, the residual after a
@@ -332,7 +385,9 @@ def test_prior_weight_changes_greedy_and_exact_still_equals_it(setup64):
     prop = oracle_proposer(to_tokens(guided.images), wrong_rate=0.15, seed=3)
     r6 = decode(m, lr, DecodeOptions(k=6, rule="exact", prior_weight=3.0), proposer=prop)
     np.testing.assert_array_equal(r6.images, guided.images)
-    assert _same_blocks(r.stats, exact_block_stats(m, lr, guided.images, [4], prior_weight=3.0)[4])
+    heads = decode(m, lr, DecodeOptions(k=4, prior_weight=3.0, propose="argmax"))
+    np.testing.assert_array_equal(heads.images, guided.images)
+    assert _same_blocks(heads.stats, exact_block_stats(m, lr, guided.images, [4], prior_weight=3.0)[4])
     with pytest.raises(ValueError, match="greedy"):  # the unweighted model's states disagree
         exact_block_stats(m, lr, guided.images, [4])
     eps = decode(m, lr, DecodeOptions(k=4, rule="eps", eps=2, prior_weight=3.0))
@@ -422,6 +477,10 @@ def test_spec_grammar_examples_and_messages():
     assert parse("eps=2:k=6:w=3", k=4, prior_weight=2.0) == DecodeOptions(k=6, rule="eps", eps=2, prior_weight=3.0)
     assert parse("eps=2:k=6:w=2.5") == DecodeOptions(k=6, rule="eps", eps=2, prior_weight=2.5)
     assert parse("eps-window=2:k=6").propose == "window"
+    # exact recycles the verifications' logits; exact-heads proposes with the heads alone (the paper)
+    assert parse("exact:k=6").propose == "recycle" and parse("exact-heads:k=6") == DecodeOptions(k=6, propose="argmax")
+    assert DecodeOptions(k=6, propose="argmax").spec == "exact-heads:k=6" and parse("exact-heads:k=1") == parse("greedy")
+    assert DecodeOptions(k=6, min_block=2).propose == "argmax" == DecodeOptions(k=6, rule="eps", eps=2).propose
     assert parse("Top_K=3:k=4") == parse("topk=3:k=4") == DecodeOptions(k=4, rule="topk", top_k=3)
     assert parse("min-block=2:k=4") == DecodeOptions(k=4, min_block=2) == parse("exact:min-block=2:k=4")
     assert parse("oracle:k=4").rule == "oracle"
@@ -446,5 +505,8 @@ def test_spec_grammar_examples_and_messages():
             parse(bad)
     with pytest.raises(ValueError, match="eps rule's tolerance"):
         DecodeOptions(k=4, eps=2).spec
+    for bad in (dict(rule="eps", eps=2), dict(min_block=2), dict(k=1), dict(temperature=1.0)):
+        with pytest.raises(ValueError, match="recycled proposals|sampling"):
+            DecodeOptions(**({"k": 4} | bad | {"propose": "recycle"})).validate()
     with pytest.raises(ValueError, match="seed=3 is for sampling"):
         decode(make_tiny(0), np.zeros((8, 8, 3), np.uint8), DecodeOptions(k=1, seed=3))

@@ -23,6 +23,9 @@ def test_parse_mode():
     m = ev.parse_mode("min-block=2")
     assert (m.rule, m.min_block, m.options(4).is_exact) == ("exact", 2, False)
     assert ev.parse_mode("exact").options(6).is_exact
+    assert ev.parse_mode("exact").options(6).propose == "recycle" and ev.parse_mode("exact").options(1).k == 1
+    assert ev.parse_mode("exact-heads") == ev.Mode("exact-heads", propose="argmax")
+    assert ev.parse_mode("exact-heads").options(6) == ev.DecodeOptions(k=6, propose="argmax")
     assert not ev.parse_mode("eps=2").options(6).is_exact
     w = ev.parse_mode("eps-window=2").options(6)
     assert (w.rule, w.eps, w.propose) == ("eps", 2, "window")
@@ -109,7 +112,7 @@ def test_checkpoints_are_named_by_their_run():
 @pytest.fixture(scope="module")
 def smoke(tiny_weights, celeba_npz, tmp_path_factory):
     """One small real run through the CLI: 2 test faces, k in {2, 4} (and 16, more heads than the
-    tiny model has: skipped), greedy, exact and eps=2."""
+    tiny model has: skipped), greedy, exact, exact-heads and eps=2."""
     out = tmp_path_factory.mktemp("eval")
     rc = _smoke_run(tiny_weights, celeba_npz, out, "--json", str(out / "sub" / "run.json"))
     return rc, out, out / "sub" / "run.json"
@@ -119,7 +122,7 @@ def _smoke_run(tiny_weights, celeba_npz, out, *more):
     threads = torch.get_num_threads()
     try:
         return main(["evaluate", "--weights", f"{tiny_weights}:frozen", "--data", str(celeba_npz),
-                     "--limit", "2", "--k", "2,4,16", "--modes", "greedy,exact,eps=2", "--batch-size", "2",
+                     "--limit", "2", "--k", "2,4,16", "--modes", "greedy,exact,exact-heads,eps=2", "--batch-size", "2",
                      "--threads", "1", "--uncached-prefix", "16", "--decode-exact", "1", "--decode-approx", "1",
                      "--out", str(out), "--cache-dir", str(out / "store"), "--quiet", *more])
     finally:
@@ -147,8 +150,8 @@ def test_smoke_exit_code_and_schema(smoke):
     kinds = [(x["method"], x["mode"], x["k"]) for x in r["records"]]
     assert kinds == [("bicubic", "bicubic", None), ("nearest", "nearest", None), ("greedy", "greedy", 1),
                      ("greedy-uncached", "greedy-uncached", 1),
-                     ("blockwise", "exact", 2), ("blockwise", "eps=2", 2),
-                     ("blockwise", "exact", 4), ("blockwise", "eps=2", 4)]
+                     ("blockwise", "exact", 2), ("blockwise", "exact-heads", 2), ("blockwise", "eps=2", 2),
+                     ("blockwise", "exact", 4), ("blockwise", "exact-heads", 4), ("blockwise", "eps=2", 4)]
     assert any("k=16" in s for s in r["skipped"])
 
 
@@ -167,25 +170,28 @@ def test_smoke_values(smoke):
             assert sum(x["block_hist"]) > 0 and len(x["block_hist"]) == k
             if mode == "greedy":
                 assert x["n_images"] == x["n_images_decoded"] == 2
-            if mode == "eps=2":  # --decode-approx 1
+            if mode in ("eps=2", "exact"):  # --decode-approx 1: the replay cannot give them
                 assert x["n_images"] == x["n_images_decoded"] == 1 and x["block_stats_from"] == "decoded"
                 assert x["replay_matches_decoded"] is None
             for f in ("psnr_vs_real", "ssim_vs_real", "perceptual_vs_real", "ssim_vs_exact", "perceptual_vs_exact"):
                 assert x[f] is not None, f
-    # exact mode must be greedy decoding, image for image
+    # both exact modes must be greedy decoding, image for image
     for k in (2, 4):
-        x = recs[("exact", k)]
+        x = recs[("exact-heads", k)]
         assert x["exact_by_construction"] and x["identical_to_greedy"] == 1.0
         # --decode-exact 1: one face decoded, both faces' blocks replayed, the replay checked
         assert (x["n_images"], x["n_images_decoded"], x["block_stats_from"]) == (2, 1, "replay")
         assert x["replay_matches_decoded"] == 1.0 and len(x["block_hist"]) == k
         assert x["psnr_vs_exact"] is None and x["ssim_vs_exact"] == 1.0 and x["perceptual_vs_exact"] == 0.0
-        assert x["paper_mean_block"] == ev.PAPER_TABLE2[("frozen", "exact")][k]
+        assert x["paper_mean_block"] == ev.PAPER_TABLE2[("frozen", "exact-heads")][k]
+        e = recs[("exact", k)]  # recycled proposals: decoded, no paper column of its own
+        assert e["exact_by_construction"] and e["identical_to_greedy"] == 1.0 and e["paper_mean_block"] is None
+        assert e["replay_matches_decoded"] is None and e["block_stats_from"] == "decoded"
         assert not recs[("eps=2", k)]["exact_by_construction"]
     assert recs[("greedy", 1)]["speedup_vs_greedy"] == 1.0
     assert recs[("greedy-uncached", 1)]["timing"] == "estimated"
     assert r["summary"]["exact_all_identical"] is True and r["summary"]["replay_all_match"] is True
-    assert len(r["summary"]["exact_identical_to_greedy"]) == 2
+    assert len(r["summary"]["exact_identical_to_greedy"]) == 4  # exact and exact-heads at k = 2, 4
     u = r["weights"][0]["uncached_timing"]
     assert u["prefix_tokens"] == 16 and u["prefix_tokens_match_cached"] == 1.0
 
@@ -216,7 +222,7 @@ def test_smoke_files(smoke):
     for x in r["records"]:
         if x["method"] == "blockwise":
             line = rows[(x["weights"], x["mode"], str(x["k"]))]
-            if x["mode"] == "exact":
+            if x["mode"] in ("exact", "exact-heads"):
                 n = x["n_images_decoded"]
                 assert f"= greedy | {round(x['identical_to_greedy'] * n)}/{n} |" in line
             else:
@@ -284,13 +290,14 @@ def test_merge_runs_of_different_weights(smoke, tmp_path, capsys):
 def test_merge_pools_runs_over_adjacent_faces(tiny_weights, celeba_npz, tmp_path, capsys):
     """Faces 0..1 in one run, and as face 0 + face 1 (--first) merged: the same rows, the same
     block histograms, calls, identity and quality (each face decodes alone, batch 1), pooled
-    timings; a gap between parts is refused. (Exact mode only: the pooling does not depend on the
-    mode, and an eps=2 row cost 4 more decodes; quality pooling is checked on the greedy row.)"""
+    timings; a gap between parts is refused. (Exact-heads mode only, replayed: the pooling does not
+    depend on the mode, and an eps=2 row cost 4 more decodes; quality pooling is checked on the
+    greedy row.)"""
     def run(out, *more):
         threads = torch.get_num_threads()
         try:
             return main(["evaluate", "--weights", f"{tiny_weights}:frozen", "--data", str(celeba_npz),
-                         "--k", "2", "--modes", "exact", "--batch-size", "1", "--threads", "1",
+                         "--k", "2", "--modes", "exact-heads", "--batch-size", "1", "--threads", "1",
                          "--uncached-prefix", "16", "--decode-exact", "1", "--out", str(tmp_path / out),
                          "--cache-dir", str(tmp_path / "store"), "--quiet", *more])
         finally:
@@ -320,7 +327,7 @@ def test_merge_pools_runs_over_adjacent_faces(tiny_weights, celeba_npz, tmp_path
             assert (x[f] is None) == (y[f] is None), (x["mode"], f)
             if y[f] is not None:
                 assert x[f] == pytest.approx(y[f], rel=1e-4, abs=1e-6), (x["mode"], f)
-        if x["mode"] == "exact":  # decoded: face 0 in "whole", faces 0 and 1 in the parts
+        if x["mode"] == "exact-heads":  # decoded: face 0 in "whole", faces 0 and 1 in the parts
             assert (y["n_images_decoded"], x["n_images_decoded"]) == (1, 2)
             assert x["identical_to_greedy"] == 1.0 and x["replay_matches_decoded"] == 1.0
         if x["method"] == "blockwise":
@@ -347,8 +354,9 @@ def test_resume_reads_back_whole_saved_groups(tiny_weights, celeba_npz, tmp_path
     assert _smoke_run(tiny_weights, celeba_npz, tmp_path / "a", "--cache-dir", str(store), *args) == 0
     first = _strict(tmp_path / "a" / "results.json")
     files = sorted(store.glob("*.npz"), key=lambda f: f.stat().st_mtime_ns)
-    # faces 0-1: greedy, exact k=2, eps=2 k=2; faces 2-3: greedy, eps=2 k=2 (exact by replay)
-    assert len(files) == 5 and first["settings"]["decode_store"]["batches_reused"] == 0
+    # faces 0-1: greedy, exact, exact-heads and eps=2 at k=2; faces 2-3: greedy, exact, eps=2
+    # (exact-heads by replay)
+    assert len(files) == 7 and first["settings"]["decode_store"]["batches_reused"] == 0
 
     def rows(r):
         return {(x["mode"], x["k"]): x for x in r["records"] if x["method"] in ("greedy", "blockwise")}
@@ -356,7 +364,7 @@ def test_resume_reads_back_whole_saved_groups(tiny_weights, celeba_npz, tmp_path
     # all there: everything read back, timings included
     assert _smoke_run(tiny_weights, celeba_npz, tmp_path / "b", "--cache-dir", str(store), "--resume", *args) == 0
     second = _strict(tmp_path / "b" / "results.json")
-    assert second["settings"]["decode_store"]["batches_reused"] == 5
+    assert second["settings"]["decode_store"]["batches_reused"] == 7
     for key, x in rows(first).items():
         y = rows(second)[key]
         for f in ("seconds_per_image", "mean_block", "block_hist", "calls_per_image", "identical_to_greedy",
@@ -373,16 +381,16 @@ def test_resume_reads_back_whole_saved_groups(tiny_weights, celeba_npz, tmp_path
     assert _smoke_run(tiny_weights, celeba_npz, tmp_path / "c", "--cache-dir", str(torn), "--resume", *args) == 0
     third = _strict(tmp_path / "c" / "results.json")
     ds = third["settings"]["decode_store"]
-    assert ds["batches_reused"] == 3 and sorted(ds["sittings"].values()) == [2, 3]
+    assert ds["batches_reused"] == 4 and sorted(ds["sittings"].values()) == [3, 4]
     for key, x in rows(first).items():
         assert x["block_hist"] == rows(third)[key]["block_hist"]
-    assert "3 of 5 batches were read back" in (tmp_path / "c" / "report.md").read_text()
+    assert "4 of 7 batches were read back" in (tmp_path / "c" / "report.md").read_text()
 
     # without --resume nothing is read back, though every file is there (evaluate passes its
     # --resume flag straight to the store; checked on the store, as a 4th full run cost a minute)
     keys = [f.stem for f in files]
     assert ev.DecodeStore(store, False, "d").load_group(keys) is None
-    assert len(ev.DecodeStore(store, True, "d").load_group(keys)) == 5
+    assert len(ev.DecodeStore(store, True, "d").load_group(keys)) == 7
 
 
 def test_store_keys_tell_rows_apart(monkeypatch):

@@ -29,9 +29,10 @@ def register(subparsers) -> None:
                    help="skip the first N test faces: a run in parts, e.g. --first 0 -n 256 and --first 256 "
                         "-n 244 in two sittings, then --merge")
     p.add_argument("--k", dest="ks", default="2,4,6,8,10", help="block sizes, comma separated")
-    p.add_argument("--modes", default="exact,eps=2",
+    p.add_argument("--modes", default="exact,exact-heads,eps=2",
                    help="comma separated modes of the decode-mode grammar, without settings (k from --k): "
-                        "greedy, exact, eps=E, eps-window=E, top-k=N, min-block=N, oracle "
+                        "greedy, exact, exact-heads (the heads' proposals alone: the paper's exact column), "
+                        "eps=E, eps-window=E, top-k=N, min-block=N, oracle "
                         "(greedy, with and without KV cache, always runs first)")
     p.add_argument("--batch-size", type=int, default=1, help="images per decode call (the paper: 1)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
@@ -43,13 +44,13 @@ def register(subparsers) -> None:
     p.add_argument("--uncached-prefix", type=int, default=64,
                    help="tokens of the no-cache greedy decoder to run for real (the rest is estimated)")
     p.add_argument("--decode-exact", type=int, default=None, metavar="N",
-                   help="exact modes: decode only the first N faces for real (seconds, identity to greedy, "
-                        "quality) and take every face's block sizes from the replay, one teacher-forced "
-                        "pass over the greedy output that gives exact mode's blocks for all k at once "
+                   help="exact-heads modes: decode only the first N faces for real (seconds, identity to "
+                        "greedy, quality) and take every face's block sizes from the replay, one teacher-forced "
+                        "pass over the greedy output that gives the heads' blocks for all k at once "
                         "(checked against the N real decodes; default: decode every face)")
     p.add_argument("--decode-approx", type=int, default=None, metavar="N",
-                   help="modes that are not exact (eps, top-k, min-block, oracle): decode only the first N "
-                        "faces (their rows then cover N faces; default: every face)")
+                   help="modes the replay cannot give (exact with recycled proposals, eps, top-k, min-block, "
+                        "oracle): decode only the first N faces (their rows then cover N faces; default: every face)")
     p.add_argument("--grid-images", type=int, default=6, help="faces in the image grid")
     p.add_argument("--json", dest="json_path", default=None, help="JSON path (default OUT/results.json)")
     p.add_argument("--out", default="results", help="output folder")

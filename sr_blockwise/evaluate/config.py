@@ -19,7 +19,9 @@ class Mode:
     eps: int = 0
     top_k: int = 1
     min_block: int = 1
-    propose: str = "argmax"  # eps-window=E: the heads propose window centres (decoding.window_centre)
+    # eps-window=E: "window" (the heads propose window centres); exact-heads: "argmax" (the heads'
+    # proposals alone); None: DecodeOptions' default for the rule (exact: recycled proposals)
+    propose: str | None = None
 
     def options(self, k: int, prior_weight: float = 1.0) -> DecodeOptions:
         return DecodeOptions(k=k, rule=self.rule, eps=self.eps, top_k=self.top_k, min_block=self.min_block,
@@ -28,8 +30,9 @@ class Mode:
 
 def parse_mode(text: str) -> Mode:
     """A MODE of the project's decode-mode grammar (decoding.DecodeOptions.parse) without settings,
-    which --k and --prior-weight fill in: greedy | exact | oracle | eps=E | eps-window=E (the eps
-    rule with window-centre proposals) | top-k=N | min-block=N (the exact rule)."""
+    which --k and --prior-weight fill in: greedy | exact | exact-heads (the heads' proposals alone,
+    the paper's) | oracle | eps=E | eps-window=E (the eps rule with window-centre proposals) |
+    top-k=N | min-block=N (the exact rule)."""
     head, colon, _ = str(text).strip().partition(":")
     if colon:
         raise ValueError(f"mode {text!r}: give the mode alone ({head}); k comes from --k and the input "
@@ -40,10 +43,12 @@ def parse_mode(text: str) -> Mode:
         o = DecodeOptions.parse(head, k=SEQ_LEN)  # a stand-in k: the modes are crossed with --k
     except ValueError as e:
         if str(e).startswith("unknown decode mode"):
-            raise ValueError(f"unknown mode {text!r}: use greedy, exact, oracle, eps=E, eps-window=E, top-k=N "
-                             f"or min-block=N") from None
+            raise ValueError(f"unknown mode {text!r}: use greedy, exact, exact-heads, oracle, eps=E, eps-window=E, "
+                             f"top-k=N or min-block=N") from None
         raise ValueError(f"mode {text!r}: {e}") from None
-    return Mode(o.mode, rule=o.rule, eps=o.eps, top_k=o.top_k, min_block=o.min_block, propose=o.propose)
+    default = DecodeOptions(k=o.k, rule=o.rule, eps=o.eps, top_k=o.top_k, min_block=o.min_block).propose
+    return Mode(o.mode, rule=o.rule, eps=o.eps, top_k=o.top_k, min_block=o.min_block,
+                propose=None if o.propose == default else o.propose)
 
 
 def parse_list(text, kind=str) -> list:
@@ -89,7 +94,7 @@ class EvalConfig:
     limit: int | None = None  # smoke tests: at most this many images
     first: int = 0  # skip this many test faces: a run in parts (merged with --merge)
     ks: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
-    modes: list[str] = field(default_factory=lambda: ["exact", "eps=2"])
+    modes: list[str] = field(default_factory=lambda: ["exact", "exact-heads", "eps=2"])
     batch_size: int = 1  # the paper's Figure 4 is at batch 1
     dtype: str = "bf16"
     device: str = "cpu"
@@ -98,10 +103,11 @@ class EvalConfig:
     json_path: str | None = None  # default OUT/results.json
     perceptual: str = "auto"  # auto | lpips | stlpips | stlpips-vgg | none
     uncached_prefix: int = 64  # tokens of the real no-cache decoder to run (see time_uncached_greedy)
-    # exact modes: decode only the first N images for real (timing, identity, quality); block
-    # statistics of all images come from the replay (decoding.exact_block_stats). None: decode all
+    # exact-heads modes: decode only the first N images for real (timing, identity, quality);
+    # block statistics of all images come from the replay (decoding.exact_block_stats). None: all
     decode_exact: int | None = None
-    # other modes (eps, top-k, ...): decode only the first N images (they cannot be replayed)
+    # modes the replay cannot give (exact with recycled proposals, eps, top-k, ...): decode only
+    # the first N images
     decode_approx: int | None = None
     grid_images: int = 6
     progress: bool = True

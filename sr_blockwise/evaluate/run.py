@@ -139,6 +139,13 @@ def _decode_record(name, variant, mode: Mode, k, run, greedy, real) -> dict:
     return rec
 
 
+def replayable(opts: DecodeOptions) -> bool:
+    """Whether exact_block_stats gives this decode's blocks without decoding: greedy's output with
+    the heads' proposals alone (exact-heads); recycled proposals read logits past a rejected token,
+    which no pass over the greedy output computes."""
+    return opts.is_exact and opts.propose != "recycle"
+
+
 def _use_replay(rec: dict, replayed: list, decoded: list, greedy: dict) -> None:
     """Give an exact row the replay's block statistics over all images (it has decoded the first
     len(decoded)), and say how many decoded images the replay matched exactly."""
@@ -254,7 +261,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         plan.append((path, forced, card, jobs))
     n_exact = n if cfg.decode_exact is None else min(n, cfg.decode_exact)
     n_approx = n if cfg.decode_approx is None else min(n, cfg.decode_approx)
-    total = sum(n + sum(n_exact if m.options(k).is_exact else n_approx for k, m in jobs) for *_, jobs in plan)
+    total = sum(n + sum(n_exact if replayable(m.options(k)) else n_approx for k, m in jobs) for *_, jobs in plan)
     w = cfg.prior_weight
     bar = tqdm(total=total, unit="img", disable=not cfg.progress, dynamic_ncols=True)
 
@@ -279,7 +286,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
             name = weights_name(path)
             model, sha = models[name]
             todo = [("greedy", "greedy", DecodeOptions(k=1, prior_weight=w), n)] + [
-                ((k, m), f"k={k} {m.name}", m.options(k, w), n_exact if m.options(k).is_exact else n_approx)
+                ((k, m), f"k={k} {m.name}", m.options(k, w), n_exact if replayable(m.options(k)) else n_approx)
                 for k, m in jobs]
             # modes limited by --decode-exact / --decode-approx decode only their first nd faces
             todo = [(job, label, opts, lr[i:min(i + cfg.batch_size, nd)]) for job, label, opts, nd in todo if i < nd]
@@ -333,9 +340,9 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         records += [grec, urec]
         progress()
 
-        # exact modes' blocks for all images and every k from one teacher-forced pass over the
+        # exact-heads modes' blocks for all images and every k from one teacher-forced pass over the
         # greedy output (cheap); checked against the real decodes of the first n_exact images
-        ks_exact = sorted({k for k, m in jobs if m.options(k).is_exact})
+        ks_exact = sorted({k for k, m in jobs if replayable(m.options(k))})
         replay = {k: [] for k in ks_exact}
         if ks_exact:
             bar.set_description(f"{name}: exact-mode replay")
@@ -346,11 +353,11 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
 
         # the blockwise decodes
         for k, m in jobs:
-            nd = n_exact if m.options(k).is_exact else n_approx
+            nd = n_exact if replayable(m.options(k)) else n_approx
             r = join_batches(runs[name][(k, m)])
             rec = _decode_record(name, variant, m, k, r, greedy, real)
             rec.update(quality(real[:nd], g["images"][:nd], r["images"], perceptual))
-            if m.options(k).is_exact:
+            if replayable(m.options(k)):
                 _use_replay(rec, replay[k], r["stats"], greedy)
             rec["speedup_vs_uncached_greedy"] = u_spi / rec["seconds_per_image"]
             if rec["exact_by_construction"] and rec["identical_to_greedy"] < 1:
