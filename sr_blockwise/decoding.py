@@ -591,7 +591,9 @@ def _decode_native(model, lr, opts, progress, progress_every, proposer, seeds=No
 @torch.no_grad()
 def exact_block_stats(model: ImageTransformerSR, lr, greedy_images, ks, chunk: int = 64,
                       prior_weight: float = 1.0, engine: str = "auto") -> dict:
-    """Exact mode's accepted blocks for every k in ks, without decoding it: {k: [DecodeStats]}.
+    """exact-heads mode's accepted blocks (the exact rule with the heads' proposals alone, the
+    paper's) for every k in ks, without decoding it: {k: [DecodeStats]}. (exact mode proper also
+    recycles logits read past a rejected proposal, which no pass over the greedy output computes.)
 
     In exact mode the output is the greedy output, so every call's prefix is a greedy prefix, and
     a decoder state depends only on its prefix, never on the call it comes in (tests/test_model.py).
@@ -811,11 +813,12 @@ MODES = ("greedy", "exact", "approx", "sample")
 # held-out faces (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
 # the block size the apps decode with unless told otherwise: on the native engine (2 threads) a
-# 2-token call costs 1.24x a 1-token one and a 7-token call 2.6x, so k=2 is the fastest exact and
-# approximate setting (sr-blockwise bench-decode, batch 1: eps=2 1.19x greedy against 1.14x at
-# k=6, exact 0.98x against 0.63x); on one thread k=4 is faster for eps=2 (1.58x against 1.38x),
-# and so it is for speculative sampling (batch 8: 1.41-1.54x plain sampling against 1.25-1.32x
-# at k=2; batch 1 likewise: experiments/speculative-sampling/)
+# 2-token call costs 1.2x a 1-token one and a 7-token call 2.0-3.0x, so k=2 is the fastest exact
+# setting (sr-blockwise bench-decode, batch 1 / 16 / 64: 1.04x / 1.31x / 1.29x greedy against
+# 1.01x / 1.27x / 1.08x at k=4 and 0.86x / 1.09x / 0.85x at k=6); approximate mode gains from
+# longer blocks up to k=4 (eps=2 1.26x / 1.59x / 1.48x against 1.17x / 1.39x / 1.48x at k=2), and
+# so does speculative sampling (batch 8: 1.41-1.54x plain sampling against 1.25-1.32x at k=2:
+# experiments/speculative-sampling/)
 DEFAULT_K = 2
 
 
