@@ -983,15 +983,25 @@ static void add_nbr_prior(const Engine* E, int a, int u, const int64_t* toks, co
     }
 }
 
-static int window_centre(const float* lg, int window) {  // argmax over v of P(|x - v| <= window)
-    float mx = lg[argmax(lg)];
-    double p[V], best = -1.0;
+// argmax over v of P(|x - v| <= window) (the first v where tied): e^(lg - max) with zeros
+// window values either side, each v's window summed in order, 16 values of v a step
+static int window_centre(const float* lg, int window) {
+    const float mx = lg[argmax(lg)];
+    const int pad = (window + 15) & ~15;  // window <= 255 (eps's range)
+    float p[V + 2 * V];
+    std::memset(p, 0, pad * sizeof(float));
+    std::memset(p + pad + V, 0, pad * sizeof(float));
+    for (int v = 0; v < V; v += 16) st(p + pad + v, vexp(ld(lg + v) - mx));
+    float best = -1.f;
     int bv = 0;
-    for (int v = 0; v < V; v++) p[v] = std::exp((double)lg[v] - mx);
-    for (int v = 0; v < V; v++) {
-        double mass = 0.0;
-        for (int u = v - window; u <= v + window; u++) if (u >= 0 && u < V) mass += p[u];
-        if (mass > best) { best = mass; bv = v; }
+    for (int v = 0; v < V; v += 16) {
+        v16 mass = splat(0.f);
+        for (int u = -window; u <= window; u++) mass += ld(p + pad + v + u);
+        const float top = _mm512_reduce_max_ps((__m512)mass);
+        if (top > best) {
+            best = top;
+            bv = v + __builtin_ctz(_mm512_cmp_ps_mask((__m512)mass, _mm512_set1_ps(top), _CMP_EQ_OQ));
+        }
     }
     return bv;
 }

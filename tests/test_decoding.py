@@ -282,6 +282,20 @@ def test_recycled_exact_mode_is_greedy_with_longer_blocks_on_both_engines(overri
 
 
 @pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
+@pytest.mark.parametrize("eps", [2, 20])
+def test_window_proposals_agree_between_engines(eps):
+    """The engine's window centres (float32, 16 values at a time, zeros past both ends) are the
+    PyTorch path's (window_centre): the same blocks and outputs on a small float32 model."""
+    m = make_tiny(3).for_inference(torch.float32)
+    lr = np.random.default_rng(3).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
+    opts = DecodeOptions.parse(f"eps-window={eps}:k=4")
+    a, b = decode(m, lr, opts, engine="native"), decode(m, lr, opts, engine="torch")
+    np.testing.assert_array_equal(a.images, b.images)
+    assert [s.block_hist for s in a.stats] == [s.block_hist for s in b.stats]
+    assert all(s.mean_block > 1.05 for s in a.stats)
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
 def test_recycled_proposals_are_p1s_argmax_past_the_rejection():
     """Call by call on the native engine: after a call keeps a < k tokens, the next block is p1's
     argmax at the last kept position (the sure token) and then p1's argmax at the positions after
