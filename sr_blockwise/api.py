@@ -105,10 +105,11 @@ class Upscaler:
         """The largest block size k these weights decode with (their number of heads)."""
         return self.model.cfg.n_blockwise
 
-    def options(self, mode: str = "exact", k: int = 2, eps: int = 2, temperature: float = 1.0,
+    def options(self, mode: str = "exact", k: int | None = None, eps: int = 2, temperature: float = 1.0,
                 seed: int = 0, prior_weight: float | None = None):
         """decoding.DecodeOptions for a decode mode (decoding.MODES), checked against these weights.
-        prior_weight None: the weights' default input guidance (decoding.default_prior_weight)."""
+        k None: the mode's default block size (decoding.DEFAULT_K: 2 for exact, 4 for approx and
+        sample). prior_weight None: the weights' default input guidance (decoding.default_prior_weight)."""
         from .decoding import default_prior_weight, options_for
         w = default_prior_weight(self.model) if prior_weight is None else prior_weight
         opts = options_for(mode, k=k, eps=eps, temperature=temperature, seed=seed, prior_weight=w)
@@ -124,7 +125,7 @@ class Upscaler:
         r = decode(self.model, lrs, opts, progress=progress, seeds=seeds)
         return r.images, [ImageStats(int(st.calls), float(st.mean_block), float(st.seconds)) for st in r.stats]
 
-    def upscale(self, images, mode: str = "exact", k: int = 2, eps: int = 2, temperature: float = 1.0,
+    def upscale(self, images, mode: str = "exact", k: int | None = None, eps: int = 2, temperature: float = 1.0,
                 seed: int | Sequence[int] = 0, prior_weight: float | None = None, match_input: bool = True,
                 batch_size: int = 16, return_stats: bool = False):
         """Upscale one face, or a list of them, to 32x32.
@@ -139,7 +140,8 @@ class Upscaler:
 
         mode: greedy, exact (blockwise, the same output as greedy), approx (blockwise, accepting
         proposals within eps levels) or sample (at `temperature`; with k > 1 by speculative
-        sampling, the same distribution in fewer calls). k: block size, 1..max_k. seed (sample):
+        sampling, the same distribution in fewer calls). k: block size, 1..max_k (None: the mode's
+        default, decoding.DEFAULT_K). seed (sample):
         an int for every image, or one per image; an image's sample depends on its input and
         seed only. prior_weight: input guidance, None for the weights' default. match_input: shift
         each output's 4x4 blocks so that they average to the 8x8 input (data.match_input), as the

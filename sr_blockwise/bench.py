@@ -137,12 +137,13 @@ def _copy_for(model_fp32: ImageTransformerSR, dtype) -> ImageTransformerSR:
 
 
 def decode_table(model: ImageTransformerSR, lr: np.ndarray, ks=(2, 6, 10),
-                 modes=("exact", "exact-heads", "eps=2", "oracle"), prior_weight: float = 1.0,
+                 modes=("exact", "exact-heads", "eps=2", "eps-window=2", "oracle"), prior_weight: float = 1.0,
                  engine: str = "auto") -> list[dict]:
     """Seconds per image for greedy (the faster of a run before and one after the other modes) and
     each (k, mode), batch as given; speedup vs greedy, and its share of the ideal (the call
     reduction, mean block). prior_weight: input guidance (DecodeOptions.prior_weight), the same
-    for every row. exact-heads beside exact: what recycled proposals add to the heads' blocks."""
+    for every row. exact-heads beside exact: what recycled proposals add to the heads' blocks;
+    eps-window=2 beside eps=2: approximate mode as the apps run it (window proposals)."""
     w = prior_weight
     # warm-up at the batch's own shape, untimed: otherwise greedy, timed first, pays the first calls
     decode(model, lr, DecodeOptions(k=2, rule="oracle", prior_weight=w), engine=engine)

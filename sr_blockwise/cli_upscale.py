@@ -35,8 +35,8 @@ def register(subparsers) -> None:
                         "approx: blockwise, accepts proposals within --eps levels; sample: temperature sampling "
                         "(with --k > 1 by speculative sampling: the same distribution, fewer calls)")
     p.add_argument("--k", type=int, default=Config.k,
-                   help=f"block size for exact / approx / sample (default {Config.k}: the fastest exact and approx "
-                        "setting on the native engine; sample --k 1: plain sampling)")
+                   help="block size for exact / approx / sample (default: the fastest setting measured on the "
+                        "native engine, 2 for exact, 4 for approx and sample; sample --k 1: plain sampling)")
     p.add_argument("--eps", type=int, default=2, help="approx: tolerance in intensity levels (default 2)")
     p.add_argument("--temperature", type=float, default=1.0, help="sample mode only: above 0 (default 1.0)")
     p.add_argument("--seed", type=int, default=0, help="sample mode: the same seed and --k give the same images")

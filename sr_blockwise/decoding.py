@@ -812,24 +812,28 @@ MODES = ("greedy", "exact", "approx", "sample")
 # the prior weight the apps (upscale, demo) decode with unless told otherwise: measured on 96
 # held-out faces (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
-# the block size the apps decode with unless told otherwise: on the native engine (2 threads) a
-# 2-token call costs 1.2x a 1-token one and a 7-token call 2.0-3.0x, so k=2 is the fastest exact
-# setting (sr-blockwise bench-decode, batch 1 / 16 / 64: 1.04x / 1.31x / 1.29x greedy against
-# 1.01x / 1.27x / 1.08x at k=4 and 0.86x / 1.09x / 0.85x at k=6); approximate mode gains from
-# longer blocks up to k=4 (eps=2 1.26x / 1.59x / 1.48x against 1.17x / 1.39x / 1.48x at k=2), and
-# so does speculative sampling (batch 8: 1.41-1.54x plain sampling against 1.25-1.32x at k=2:
-# experiments/speculative-sampling/)
-DEFAULT_K = 2
+# the block size each mode of the apps decodes with unless told otherwise. On the native engine
+# (2 threads) a 2-token call costs 1.2x a 1-token one and a 7-token call 2.0-3.0x, so exact mode is
+# fastest at k=2 (sr-blockwise bench-decode, batch 1 / 16 / 64: 1.04x / 1.31x / 1.29x greedy
+# against 1.01x / 1.27x / 1.08x at k=4 and 0.86x / 1.09x / 0.85x at k=6); approximate mode, with
+# its window proposals, at k=4 (1.38-1.42x / 1.77-1.84x greedy at batch 1 / 16 against
+# 1.22-1.24x / 1.42-1.60x at k=2: experiments/window-proposals/), and so is speculative sampling (batch 8:
+# 1.41-1.54x plain sampling against 1.25-1.32x at k=2: experiments/speculative-sampling/)
+DEFAULT_K = {"greedy": 1, "exact": 2, "approx": 4, "sample": 4}
 
 
-def options_for(mode: str, k: int = DEFAULT_K, eps: int = 2, temperature: float = 1.0, seed: int = 0,
+def options_for(mode: str, k: int | None = None, eps: int = 2, temperature: float = 1.0, seed: int = 0,
                 prior_weight: float = 1.0) -> DecodeOptions:
     """The user-facing modes (upscale's --mode and its flags, the demo, Upscaler.options), as
-    decode-mode specs: greedy (k=1), exact (exact:k=K, identical to greedy), approx (eps=E:k=K),
-    sample (sample:k=K:T=T:seed=S; k > 1 by speculative sampling, with plain sampling's
-    distribution); all at the given input-prior weight (w=G)."""
-    spec = {"greedy": "greedy", "exact": f"exact:k={k}", "approx": f"eps={eps}:k={k}",
-            "sample": f"sample:k={k}:T={temperature}:seed={seed}"}.get(mode)
-    if spec is None:
+    decode-mode specs: greedy (k=1), exact (exact:k=K, identical to greedy), approx
+    (eps-window=E:k=K: a token within E levels of greedy's choice is kept, the heads proposing the
+    centre of their most probable window, which gave longer blocks and a closer PSNR than their
+    argmax: experiments/window-proposals/), sample (sample:k=K:T=T:seed=S; k > 1 by speculative
+    sampling, with plain sampling's distribution); all at the given input-prior weight (w=G).
+    k None: the mode's DEFAULT_K."""
+    if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    k = DEFAULT_K[mode] if k is None else k
+    spec = {"greedy": "greedy", "exact": f"exact:k={k}", "approx": f"eps-window={eps}:k={k}",
+            "sample": f"sample:k={k}:T={temperature}:seed={seed}"}[mode]
     return DecodeOptions.parse(f"{spec}:w={prior_weight}")

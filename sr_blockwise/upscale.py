@@ -74,7 +74,7 @@ class Config:
     inputs: list[str]
     outdir: str
     mode: str = "exact"
-    k: int = 2  # decoding.DEFAULT_K (not imported: that module loads torch)
+    k: int | None = None  # None: the mode's decoding.DEFAULT_K (2 for exact, 4 for approx and sample)
     eps: int = 2
     temperature: float = 1.0
     seed: int = 0

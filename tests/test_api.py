@@ -222,14 +222,19 @@ def test_a_huge_photos_faces_come_in_its_own_pixels(tiny, tmp_path):
 
 
 def test_the_default_block_size_is_the_same_everywhere():
-    """The batch command, the API and the demo start from decoding.DEFAULT_K (the fastest blockwise
-    setting measured), which upscale.Config and the API cannot import (it loads torch)."""
+    """The batch command and the API leave k to decoding.DEFAULT_K, per mode (the fastest setting
+    measured); the demo, which decodes exact and approximate mode at one k, starts at approximate
+    mode's."""
     import inspect
 
-    from sr_blockwise.decoding import DEFAULT_K
+    from sr_blockwise.decoding import DEFAULT_K, MODES
     from sr_blockwise.live import page_defaults
     from sr_blockwise.upscale import Config
-    assert Config.k == DEFAULT_K
+    assert Config.k is None and set(DEFAULT_K) == set(MODES)
+    up = Upscaler("cpu-finetuned")
     for method in (Upscaler.options, Upscaler.upscale):
-        assert inspect.signature(method).parameters["k"].default == DEFAULT_K
-    assert page_defaults(Upscaler("cpu-finetuned").model)[0] == DEFAULT_K
+        assert inspect.signature(method).parameters["k"].default is None
+    for mode in MODES:
+        assert up.options(mode).k == DEFAULT_K[mode]
+    assert up.options("approx").propose == "window" and up.options("exact").propose == "recycle"
+    assert page_defaults(up.model)[0] == DEFAULT_K["approx"]

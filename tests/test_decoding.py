@@ -405,7 +405,8 @@ def test_prior_weight_changes_greedy_and_exact_still_equals_it(setup64):
     with pytest.raises(ValueError, match="greedy"):  # the unweighted model's states disagree
         exact_block_stats(m, lr, guided.images, [4])
     eps = decode(m, lr, DecodeOptions(k=4, rule="eps", eps=2, prior_weight=3.0))
-    assert options_for("approx", 4, 2, prior_weight=3.0) == DecodeOptions(k=4, rule="eps", eps=2, prior_weight=3.0)
+    assert options_for("approx", 4, 2, prior_weight=3.0) == DecodeOptions(k=4, rule="eps", eps=2, prior_weight=3.0,
+                                                                           propose="window")
     assert eps.images.shape == guided.images.shape
 
 
@@ -504,7 +505,8 @@ def test_spec_grammar_examples_and_messages():
     assert parse("sample:k=1:T=1").spec == "sample:k=1:T=1"
     assert DecodeOptions(k=6, prior_weight=2.0).spec == "exact:k=6:w=2"
     assert options_for("sample", 4, 2, 0.8, 3, 2.0) == parse("sample:k=4:w=2:T=0.8:seed=3")
-    assert options_for("approx", 6, 2) == parse("eps=2:k=6") and options_for("greedy", 6) == parse("greedy")
+    assert options_for("approx", 6, 2) == parse("eps-window=2:k=6") and options_for("greedy", 6) == parse("greedy")
+    assert options_for("exact") == parse("exact:k=2") and options_for("approx").k == options_for("sample").k == 4
     for bad, msg in [("", "empty"), ("beam:k=2", "unknown decode mode 'beam'"), ("exact", "block size"),
                      ("greedy:k=3", "greedy decodes one token"), ("eps=x:k=2", "eps=x is not a whole number"),
                      ("eps=-1:k=2", "eps must be >= 0"), ("eps=256:k=2", "eps must be in 0..255"), ("top-k=0:k=2", "top-k must be >= 1"),
