@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np

@@ -66,6 +66,9 @@ def _spec_number(x: float) -> str:
 
 @dataclass
 class DecodeOptions:
+    """How to decode. propose's default depends on the other fields, and is settled when the
+    options are made: derive options by making new ones (DecodeOptions(...), parse, options_for),
+    not with dataclasses.replace, which would carry the first ones' choice over."""
     k: int = 1  # block size: tokens proposed per call (1 = greedy)
     rule: str = "exact"  # exact | eps | topk | oracle (accept everything: the speed upper bound)
     eps: int = 0  # eps rule: accept a proposal within eps intensity levels of p1's argmax
@@ -81,7 +84,7 @@ class DecodeOptions:
     # window of the head's distribution, the value most likely to land within eps of p1's argmax;
     # for the exact rule "recycle" (the grammar's exact): the heads' argmax, except at the
     # positions the last call verified past its rejected proposal, where p1's own argmax from
-    # that call (those logits read the rejected token, yet exact mode's blocks grow 1.5 -> 2.0 at
+    # that call (those logits read the rejected token, yet exact mode's blocks grow 1.5 -> 2.1 at
     # k=6, output unchanged; under the eps rule such proposals were accepted less often than the
     # heads': experiments/recycled-proposals/). None: "recycle" where it applies (the exact rule,
     # k > 1, min_block 1, no sampling), else "argmax"

@@ -1167,7 +1167,7 @@ extern "C" void engine_start(const Engine* E, const Options* o, int n, const int
 // this call went on to verify are p1's argmax there (logits the call computed anyway) instead of
 // the heads': those logits read the rejected token, but p1 one position ahead still guesses the
 // exact rule's next token far more often than a head two or more ahead (exact mode's blocks 1.5
-// -> 2.0 at k=6: experiments/recycled-proposals/). See engine_iterate.
+// -> 2.1 at k=6: experiments/recycled-proposals/). See engine_iterate.
 static void call_images(const Engine* E, const Options* o, int m, const int* imgs, const int* pos, const int64_t* pk,
                         const Work& w, int* acc, int* nimg, int* npos, int64_t** ptoks, int64_t** pprops, int* m2,
                         int64_t* t_arr, int64_t* props, int64_t* toks, int toks_len, uint8_t* block_map,

@@ -340,8 +340,8 @@ class Batch:
         argmax from the call that rejected it (decoding.DecodeOptions.propose, "recycle")."""
         if rule == "sample" and (self._noise is None or not temperature > 0):
             raise ValueError("the sample rule needs a temperature > 0 and the noise tables (sample_with)")
-        if recycle and rule != "exact":
-            raise ValueError("recycled proposals are for the exact rule")
+        if recycle and (rule != "exact" or min_block != 1):
+            raise ValueError("recycled proposals are for the exact rule with min_block 1")
         return _Options(self.k, RULES[rule], eps, top_k, min_block, window, temperature, int(recycle))
 
     def time_stages(self) -> torch.Tensor:

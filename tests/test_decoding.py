@@ -282,6 +282,23 @@ def test_recycled_exact_mode_is_greedy_with_longer_blocks_on_both_engines(overri
 
 
 @pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
+def test_an_outside_proposer_overrides_recycling():
+    """A proposer given to decode proposes every block whole, recycling or not: on both engines the
+    same blocks as with the heads' proposals switched off, and greedy's output."""
+    m = make_tiny(3).for_inference(torch.float32)
+    lr = np.random.default_rng(3).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    g = greedy(m, lr)
+    for engine in ("native", "torch"):
+        runs = [decode(m, lr, DecodeOptions(k=6, propose=p), engine=engine,
+                       proposer=oracle_proposer(to_tokens(g.images), wrong_rate=0.3, seed=1))
+                for p in ("recycle", "argmax")]
+        for r in runs:
+            np.testing.assert_array_equal(r.images, g.images)
+        assert [s.block_hist for s in runs[0].stats] == [s.block_hist for s in runs[1].stats]
+        assert all(s.mean_block > 1.5 for s in runs[0].stats)  # the proposer's blocks, not p1's
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the native engine cannot be built")
 @pytest.mark.parametrize("eps", [2, 20])
 def test_window_proposals_agree_between_engines(eps):
     """The engine's window centres (float32, 16 values at a time, zeros past both ends) are the
@@ -445,12 +462,13 @@ def valid_options(draw):
     """Every kind of valid DecodeOptions: each mode, with or without guidance, min_block, seeds."""
     k = draw(st.integers(1, 16))
     w = draw(st.one_of(st.just(1.0), _numbers))
-    kind = draw(st.sampled_from(["exact", "eps", "window", "topk", "oracle", "sample"]))
+    kind = draw(st.sampled_from(["exact", "exact-heads", "eps", "window", "topk", "oracle", "sample"]))
     if kind == "sample":
         return DecodeOptions(k=k, temperature=draw(_numbers.filter(lambda t: t > 0)),
                          seed=draw(st.integers(-2**62, 2**62)), prior_weight=w)
     mb = draw(st.integers(1, k))
-    fields = {"exact": {}, "oracle": {"rule": "oracle"}, "eps": {"rule": "eps", "eps": draw(st.integers(0, 255))},
+    fields = {"exact": {}, "exact-heads": {"propose": "argmax"}, "oracle": {"rule": "oracle"},
+              "eps": {"rule": "eps", "eps": draw(st.integers(0, 255))},
               "window": {"rule": "eps", "eps": draw(st.integers(0, 255)), "propose": "window"},
               "topk": {"rule": "topk", "top_k": draw(st.integers(1, 256))}}[kind]
     return DecodeOptions(k=k, min_block=mb, prior_weight=w, **fields)
@@ -469,7 +487,7 @@ def test_spec_round_trips(opts):
 @given(st.builds(DecodeOptions, k=st.integers(-1, 17), rule=st.sampled_from(RULES + ("beam",)),
                  eps=st.integers(-1, 3), top_k=st.integers(0, 3), min_block=st.integers(0, 4),
                  temperature=st.one_of(st.just(0.0), st.floats(-1, 2)), seed=st.integers(-2, 2),
-                 propose=st.sampled_from(PROPOSALS), prior_weight=st.one_of(st.just(1.0), st.floats(-1, 3))))
+                 propose=st.sampled_from(PROPOSALS + (None,)), prior_weight=st.one_of(st.just(1.0), st.floats(-1, 3))))
 def test_any_options_are_refused_with_a_reason_or_round_trip(opts):
     """Options with a setting that changes nothing (eps outside the eps rule, a seed without a
     temperature...) or out of range are refused; every other one has a spec that reads back."""

@@ -275,7 +275,8 @@ def test_merge_runs_of_different_weights(smoke, tmp_path, capsys):
 
     refused(r, "overlap")
     cases = [(("data", "n_images"), 3, "different numbers of faces"), (("settings", "ks"), [2], "settings.ks"),
-             (("data", "split_size"), 7, "data.split_size"), (("complete",), False, "did not finish")]
+             (("data", "split_size"), 7, "data.split_size"), (("complete",), False, "did not finish"),
+             (("schema_version",), 2, f"schema version {ev.SCHEMA_VERSION}")]  # schema 2: exact meant exact-heads
     for (*path, key), value, why in cases:
         x = copy.deepcopy(other)
         target = x

@@ -44,7 +44,8 @@ def shipped_modes(faces_lr: np.ndarray, out: dict) -> None:
     m = load_model("cpu-finetuned")
     modes = {
         "greedy": (DecodeOptions(k=1), "auto"),
-        "exact_k6": (DecodeOptions(k=6, rule="exact"), "auto"),
+        "exact_k6": (DecodeOptions(k=6, rule="exact"), "auto"),  # recycled proposals
+        "exact_heads_k6": (DecodeOptions(k=6, rule="exact", propose="argmax"), "auto"),
         "eps2_k6": (DecodeOptions(k=6, rule="eps", eps=2), "auto"),
         "eps2_window_k6": (DecodeOptions(k=6, rule="eps", eps=2, propose="window"), "auto"),
         "top2_minblock2_k6": (DecodeOptions(k=6, rule="topk", top_k=2, min_block=2), "auto"),

@@ -2,8 +2,8 @@
 on the native engine's step and draft (batch 1, one face at a time): each call feeds a block,
 p1's logits accept a prefix under the rule; the next block's proposals are the heads' (the paper),
 or, at the positions the call went on to verify past its rejected proposal, p1's argmax there
-("recycled": the first `--recycle` of them, all by default). Prints mean blocks per rule, k and
-policy, and whether exact mode's output stayed greedy's.
+("recycled": the first of them, or all). Prints mean blocks per rule, k and policy, and whether
+the output stayed the heads' run's (exact mode: greedy's).
 
     PYTHONPATH=. python experiments/recycled-proposals/walk.py --faces 4
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model import SEQ_LEN
-from .records import SCHEMA, ratios_to_greedy, summarize
+from .records import SCHEMA, SCHEMA_VERSION, ratios_to_greedy, summarize
 from .report import _write_outputs
 
 
@@ -94,9 +94,11 @@ def merge_results(results: list[dict], command: str) -> dict:
     by_weights: dict[str, list] = {}
     for i, r in enumerate(results):
         where = r.get("_path", f"result {i + 1}")
-        if r.get("schema") != SCHEMA or r.get("schema_version") != first.get("schema_version"):
+        if r.get("schema") != SCHEMA or r.get("schema_version") != SCHEMA_VERSION:
+            # an older version's rows mean other things (schema 2's exact is today's exact-heads)
             raise ValueError(f"{where}: not an sr-blockwise evaluate result of schema version "
-                             f"{first.get('schema_version')} (got {r.get('schema')!r} {r.get('schema_version')!r})")
+                             f"{SCHEMA_VERSION} (got {r.get('schema')!r} {r.get('schema_version')!r}): "
+                             f"evaluate it again with this version")
         if not r.get("complete"):
             raise ValueError(f"{where}: the run did not finish (complete: false); finish it with --resume first")
         data_of = lambda x: (Path(x["data"]["path"]).name, x["data"]["split"], x["data"]["split_size"])

@@ -91,7 +91,7 @@ def plot_speedup(result, path: Path):
 
 
 def _eps_of(mode):
-    return 0 if mode == "exact" else int(mode.split("=")[1]) if mode.startswith("eps=") else None
+    return 0 if mode in ("exact", "exact-heads") else int(mode.split("=")[1]) if mode.startswith("eps=") else None
 
 
 def plot_quality(result, path: Path):
