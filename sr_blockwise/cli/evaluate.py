@@ -44,13 +44,14 @@ def register(subparsers) -> None:
     p.add_argument("--uncached-prefix", type=int, default=64,
                    help="tokens of the no-cache greedy decoder to run for real (the rest is estimated)")
     p.add_argument("--decode-exact", type=int, default=None, metavar="N",
-                   help="exact-heads modes: decode only the first N faces for real (seconds, identity to "
-                        "greedy, quality) and take every face's block sizes from the replay, one teacher-forced "
-                        "pass over the greedy output that gives the heads' blocks for all k at once "
-                        "(checked against the N real decodes; default: decode every face)")
+                   help="exact modes: decode only the first N faces for real (seconds, identity to greedy, "
+                        "quality); exact-heads rows take every face's block sizes from the replay, one "
+                        "teacher-forced pass over the greedy output that gives the heads' blocks for all k at "
+                        "once (checked against the N real decodes), exact rows cover the N faces (their "
+                        "recycled proposals cannot be replayed); default: decode every face")
     p.add_argument("--decode-approx", type=int, default=None, metavar="N",
-                   help="modes the replay cannot give (exact with recycled proposals, eps, top-k, min-block, "
-                        "oracle): decode only the first N faces (their rows then cover N faces; default: every face)")
+                   help="modes that are not exact (eps, top-k, min-block, oracle): decode only the first N "
+                        "faces (their rows then cover N faces; default: every face)")
     p.add_argument("--grid-images", type=int, default=6, help="faces in the image grid")
     p.add_argument("--json", dest="json_path", default=None, help="JSON path (default OUT/results.json)")
     p.add_argument("--out", default="results", help="output folder")

@@ -103,11 +103,11 @@ class EvalConfig:
     json_path: str | None = None  # default OUT/results.json
     perceptual: str = "auto"  # auto | lpips | stlpips | stlpips-vgg | none
     uncached_prefix: int = 64  # tokens of the real no-cache decoder to run (see time_uncached_greedy)
-    # exact-heads modes: decode only the first N images for real (timing, identity, quality);
-    # block statistics of all images come from the replay (decoding.exact_block_stats). None: all
+    # exact modes: decode only the first N images for real (timing, identity, quality); the block
+    # statistics of exact-heads rows cover all images, from the replay (decoding.exact_block_stats),
+    # exact rows' (recycled proposals: no replay) the N. None: decode all
     decode_exact: int | None = None
-    # modes the replay cannot give (exact with recycled proposals, eps, top-k, ...): decode only
-    # the first N images
+    # other modes (eps, top-k, ...): decode only the first N images (they cannot be replayed)
     decode_approx: int | None = None
     grid_images: int = 6
     progress: bool = True

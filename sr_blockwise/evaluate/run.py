@@ -261,7 +261,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         plan.append((path, forced, card, jobs))
     n_exact = n if cfg.decode_exact is None else min(n, cfg.decode_exact)
     n_approx = n if cfg.decode_approx is None else min(n, cfg.decode_approx)
-    total = sum(n + sum(n_exact if replayable(m.options(k)) else n_approx for k, m in jobs) for *_, jobs in plan)
+    total = sum(n + sum(n_exact if m.options(k).is_exact else n_approx for k, m in jobs) for *_, jobs in plan)
     w = cfg.prior_weight
     bar = tqdm(total=total, unit="img", disable=not cfg.progress, dynamic_ncols=True)
 
@@ -286,7 +286,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
             name = weights_name(path)
             model, sha = models[name]
             todo = [("greedy", "greedy", DecodeOptions(k=1, prior_weight=w), n)] + [
-                ((k, m), f"k={k} {m.name}", m.options(k, w), n_exact if replayable(m.options(k)) else n_approx)
+                ((k, m), f"k={k} {m.name}", m.options(k, w), n_exact if m.options(k).is_exact else n_approx)
                 for k, m in jobs]
             # modes limited by --decode-exact / --decode-approx decode only their first nd faces
             todo = [(job, label, opts, lr[i:min(i + cfg.batch_size, nd)]) for job, label, opts, nd in todo if i < nd]
@@ -353,7 +353,7 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
 
         # the blockwise decodes
         for k, m in jobs:
-            nd = n_exact if replayable(m.options(k)) else n_approx
+            nd = n_exact if m.options(k).is_exact else n_approx
             r = join_batches(runs[name][(k, m)])
             rec = _decode_record(name, variant, m, k, r, greedy, real)
             rec.update(quality(real[:nd], g["images"][:nd], r["images"], perceptual))
