@@ -954,6 +954,12 @@ static inline int argmax(const float* z) {
     return best;
 }
 
+static inline float max_of(const float* z) {  // z[argmax(z)], 16 values a step
+    v16 m = ld(z);
+    for (int v = 16; v < V; v += 16) m = (v16)_mm512_max_ps((__m512)m, (__m512)ld(z + v));
+    return _mm512_reduce_max_ps((__m512)m);
+}
+
 static inline int64_t token_at(const int64_t* toks, int p) { return toks[p < 0 ? 0 : p]; }
 
 // head a + 2's prior over the intensities of its target u from decoded or proposed neighbours
@@ -986,7 +992,7 @@ static void add_nbr_prior(const Engine* E, int a, int u, const int64_t* toks, co
 // argmax over v of P(|x - v| <= window) (the first v where tied): e^(lg - max) with zeros
 // window values either side, each v's window summed in order, 16 values of v a step
 static int window_centre(const float* lg, int window) {
-    const float mx = lg[argmax(lg)];
+    const float mx = max_of(lg);
     const int pad = (window + 15) & ~15;  // window <= 255 (eps's range)
     float p[V + 2 * V];
     std::memset(p, 0, pad * sizeof(float));
@@ -1012,7 +1018,7 @@ static inline int clamp_pos(int p) { return p < S ? p : S - 1; }
 
 // softmax(z / T) (V,) in double
 static void softmax_t(const float* z, float T, double* p) {
-    float mx = z[argmax(z)] / T;
+    float mx = max_of(z) / T;
     double sum = 0.0;
     for (int v = 0; v < V; v++) sum += p[v] = std::exp((double)(z[v] / T - mx));
     for (int v = 0; v < V; v++) p[v] /= sum;
