@@ -14,6 +14,7 @@ sees TEST.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +60,13 @@ def open_rgb(path_or_file) -> Image.Image:
     try:
         if isinstance(path_or_file, (str, Path)) and os.path.getsize(path_or_file) == 0:
             raise BadImage(f"{name}: empty file (0 bytes)")
-        img, full = Image.open(path_or_file), None
-        if img.width * img.height > FULL_READ_PIXELS and min(img.size) >= 2 * REDUCED_MIN_SIDE:
-            img, full = _read_reduced(img)
-        else:
-            img.load()
+        with warnings.catch_warnings():  # Pillow warns of a "decompression bomb" from 89 MP on:
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # such photos are read reduced
+            img, full = Image.open(path_or_file), None
+            if img.width * img.height > FULL_READ_PIXELS and min(img.size) >= 2 * REDUCED_MIN_SIDE:
+                img, full = _read_reduced(img)
+            else:
+                img.load()
     except BadImage:
         raise
     except Image.DecompressionBombError as e:

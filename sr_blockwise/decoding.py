@@ -826,17 +826,17 @@ DEFAULT_K = {"greedy": 1, "exact": 2, "approx": 4, "sample": 4}
 
 
 def options_for(mode: str, k: int | None = None, eps: int = 2, temperature: float = 1.0, seed: int = 0,
-                prior_weight: float = 1.0) -> DecodeOptions:
+                prior_weight: float | None = None) -> DecodeOptions:
     """The user-facing modes (upscale's --mode and its flags, the demo, Upscaler.options), as
     decode-mode specs: greedy (k=1), exact (exact:k=K, identical to greedy), approx
     (eps-window=E:k=K: a token within E levels of greedy's choice is kept, the heads proposing the
     centre of their most probable window, which gave longer blocks and a closer PSNR than their
     argmax: experiments/window-proposals/), sample (sample:k=K:T=T:seed=S; k > 1 by speculative
-    sampling, with plain sampling's distribution); all at the given input-prior weight (w=G).
-    k None: the mode's DEFAULT_K."""
+    sampling, with plain sampling's distribution); all at the given input-prior weight (w=G;
+    None: DecodeOptions' default, 1). k None: the mode's DEFAULT_K."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
     k = DEFAULT_K[mode] if k is None else k
     spec = {"greedy": "greedy", "exact": f"exact:k={k}", "approx": f"eps-window={eps}:k={k}",
             "sample": f"sample:k={k}:T={temperature}:seed={seed}"}[mode]
-    return DecodeOptions.parse(f"{spec}:w={prior_weight}")
+    return DecodeOptions.parse(spec if prior_weight is None else f"{spec}:w={prior_weight}")

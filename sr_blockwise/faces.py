@@ -475,9 +475,10 @@ def faces_of(img: Image.Image, which: str = "largest", boxes=(), if_none: str = 
         kept = found[:1] if which == "largest" else found
         return kept, (f"{len(found)} face{'s' * (len(found) != 1)} found"
                       + (", the largest used" if len(found) > len(kept) else ""))
-    msg = f"no face found in the {img.width}x{img.height} photo"
+    w, h = img.info.get("full_size", img.size)  # a photo read at reduced size: its own size
+    msg = f"no face found in the {w}x{h} photo"
     if if_none == "error":
-        raise BadImage(msg + "; draw a box around the face")
+        raise BadImage(msg + "; give the face's box (boxes=) to upscale it")
     if if_none == "skip":
         return [], msg
     if img.size == (178, 218):  # a CelebA-aligned photo: the paper's crop, as --faces none uses

@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -123,6 +124,29 @@ def _glob_root(pattern: str) -> Path:
     return Path(*parts) if parts else Path(".")
 
 
+def _glob(spec: str) -> list[Path]:
+    """glob.glob(spec, recursive=True), sorted, except that ** does not descend into folder
+    symlinks: glob's does, loops included (two crossing links make exponentially many paths).
+    pathlib's ** does not; like glob, wildcards here do not match hidden names."""
+    root = _glob_root(spec)
+    rest = Path(spec).parts[len(root.parts):]
+    explicit_hidden = any(part.startswith(".") and part not in (".", "..") for part in rest)
+    found = root.glob(str(Path(*rest))) if rest else [root]
+    return sorted(m for m in found if explicit_hidden or not any(
+        part.startswith(".") for part in m.parts[len(root.parts):]))
+
+
+def _via_folder_symlink(match: Path, root: Path) -> bool:
+    """Whether a glob's match is, or lies under, a folder symlink below the glob's root."""
+    parts = match.parts[len(root.parts):] if match.parts[:len(root.parts)] == root.parts else match.parts
+    p = root if match.parts[:len(root.parts)] == root.parts else Path()
+    for i, part in enumerate(parts):
+        p = p / part
+        if p.is_symlink() and (i < len(parts) - 1 or p.is_dir()):
+            return True
+    return False
+
+
 def _scan(folder: Path, exts: set[str], exclude: Path | None, ignored: list[Path]) -> list[Path]:
     files = []
     for dirpath, dirnames, filenames in os.walk(folder):  # does not follow folder symlinks: no cycles
@@ -156,13 +180,15 @@ def find_inputs(inputs: list[str], outdir: Path) -> tuple[list[tuple[Path, Path]
         elif p.is_dir():
             add_folder(p, p)
         elif glob.has_magic(spec):
-            matches = sorted(glob.glob(spec, recursive=True))
+            matches = _glob(spec)
             if not matches:
                 raise ValueError(f"no files match {spec!r}")
             root = _glob_root(spec)
-            for m in map(Path, matches):
+            for m in matches:
                 if _resolve(m) == out_res or out_res in _resolve(m).parents:
                     continue  # OUTDIR or an earlier result, matched by a broad pattern
+                if _via_folder_symlink(m, root):
+                    continue  # ** follows folder symlinks (loops too); folder scans do not, nor do we
                 if m.is_dir():
                     add_folder(m, root)
                 elif m.suffix.lower() in exts:
@@ -277,8 +303,11 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
 
     i, n = parse_shard(cfg.shard)
     mine = [j for j in ordered if shard_of(j.rel, n) == i]
+    out_res = _resolve(outdir)
     info = {"base": base, "folders": folders, "ignored": ignored, "total": len(ordered), "shard": (i, n),
-            "protected": protected}
+            "protected": protected,
+            # an OUTDIR inside an input folder is not searched for inputs: the first line says so
+            "outdir_inside": any(_resolve(d) in out_res.parents for d in folders)}
     return mine, ignored, info
 
 
@@ -299,7 +328,7 @@ def load_photo(path: Path, which: str = "largest", no_face: str = "centre") -> P
     img = open_rgb(path)
     if img.size in ((8, 8), (32, 32)):
         lr, face = image_to_input(img)
-        return Photo(None, [(lr, face)], "as it is")
+        return Photo(None, [(lr, face)], "as is")
     from . import faces as F
     if which == "none":  # no detection: the centre square (CelebA's crop for 178x218), as data.photo_to_32 makes it
         face = F.celeba_face(img) if img.size == (178, 218) else F.centre_face(img)
@@ -321,6 +350,21 @@ def load_ground_truth(path: Path, face=None, input_size: tuple[int, int] | None 
     img = open_rgb(path)
     sx, sy = input_size[0] / img.width, input_size[1] / img.height  # ground-truth px -> input px
     return F.warp_crop(img, face.matrix @ np.diag([sx, sy, 1.0]))
+
+
+def check_writable(folder: Path, what: str) -> None:
+    """Make `folder` (and its parents) and write and remove a file in it; ValueError (a bad
+    argument: exit 2, before any work) where that fails."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{what} {folder}: cannot be made ({e.strerror or e})") from None
+    probe = _temp_name(folder / "write-test")
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{what} {folder}: cannot be written to ({e.strerror or e})") from None
 
 
 def _temp_name(path: Path) -> Path:
@@ -386,13 +430,22 @@ class Summary:
     greedy_check: dict | None = None
     no_face: list[str] = field(default_factory=list)  # photos skipped without a face (--no-face skip)
     faces: int = 0  # faces written (--faces all: several a photo)
+    metrics_error: str | None = None  # the metrics file could not be written
+
+    @property
+    def left(self) -> int:
+        """Inputs not processed (a run stopped early)."""
+        return self.total - self.done - self.skipped - len(self.failed) - len(self.no_face)
 
     @property
     def exit_code(self) -> int:
-        return 130 if self.interrupted else (1 if self.failed else 0)
+        # a stop asked for after the last batch left nothing undone: not an interrupted run
+        if self.interrupted and self.left:
+            return 130
+        return 1 if self.failed or self.metrics_error else 0
 
     def lines(self, mode: str) -> list[str]:
-        left = self.total - self.done - self.skipped - len(self.failed) - len(self.no_face)
+        left = self.left
         rate = self.done / self.seconds if self.seconds > 0 else 0.0
         out = [f"done {self.done}, skipped {self.skipped} (already there), failed {len(self.failed)}"
                + (f", no face found {len(self.no_face)}" if self.no_face else "")
@@ -403,8 +456,8 @@ class Summary:
         if self.blocks:
             from .model import SEQ_LEN  # greedy: one call per intensity (torch is loaded by now)
             calls = float(np.mean(self.calls))
-            out.append(f"mean block size {np.mean(self.blocks):.2f} tokens/call, {calls:.0f} model calls "
-                       f"per image ({SEQ_LEN / calls:.2f}x fewer than greedy)")
+            out.append(f"mean block size {np.mean(self.blocks):.2f} tokens/call, {calls:.0f} model calls per image"
+                       + (f" ({SEQ_LEN / calls:.2f}x fewer than greedy)" if calls < SEQ_LEN else ""))
         g = self.greedy_check
         if g:
             same = "" if g["identical"] is None else (", outputs identical to greedy" if g["identical"]
@@ -419,6 +472,8 @@ class Summary:
             out.extend(f"  {p}: {r}" for p, r in self.failed[:50])
             if len(self.failed) > 50:
                 out.append(f"  ... and {len(self.failed) - 50} more (see --metrics)")
+        if self.metrics_error:
+            out.append(f"metrics NOT written: {self.metrics_error}")
         return out
 
 
@@ -457,8 +512,15 @@ class Metrics:
         self.rows.append(row)
 
     def maybe_write(self, summary: Summary, every: float = 60.0) -> None:
+        """The rows so far, every minute. A failed write (disk full...) is said once and the run
+        goes on: the outputs matter more, and the final write tries again."""
         if time.time() - self.last > every:
-            self.write(summary)
+            try:
+                self.write(summary)
+            except OSError as e:
+                if summary.metrics_error is None:
+                    print(f"warning: metrics file {self.path}: {e}", file=sys.stderr)
+                summary.metrics_error = str(e)
 
     def write(self, summary: Summary) -> None:
         if not self.path:
@@ -524,7 +586,7 @@ class _StopFlag:
             raise KeyboardInterrupt
         self.set = True
         if not self.quiet:
-            print("\nstopping after the current batch (press Ctrl-C again to stop now)", file=sys.stderr)
+            print("\nstopping after the current batch (Ctrl-C again stops now)", file=sys.stderr)
 
     def __exit__(self, *exc):
         for s, h in self.old.items():
@@ -551,6 +613,11 @@ def run(cfg: Config) -> int:
 
     if cfg.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+    if cfg.threads < 0:
+        raise ValueError(f"--threads must be >= 0 (0: torch's default), got {cfg.threads}")
+    if cfg.mode == "greedy" and cfg.k not in (None, 1):
+        raise ValueError(f"--k {cfg.k}: greedy decoding takes one token per call; --mode exact gives "
+                         "the same output in blocks of up to --k")
     jobs, ignored, info = plan(cfg)
 
     def face_output(j: Job, n: int, path: Path) -> Path:
@@ -559,6 +626,13 @@ def run(cfg: Config) -> int:
             return path
         head, mark, tail = path.name.rpartition(f"_face0{cfg.suffix}")  # the mark plan() added: the last
         return path.with_name(f"{head}_face{n}{cfg.suffix}{tail}")
+
+    def further_faces(j: Job) -> list[int]:
+        """With --faces all, the numbers n >= 1 of the photo's face files in OUTDIR."""
+        head, _, tail = j.out.name.rpartition(f"_face0{cfg.suffix}")
+        pattern = re.compile(re.escape(head) + r"_face([1-9][0-9]*)" + re.escape(cfg.suffix + tail))
+        found = [pattern.fullmatch(f.name) for f in j.out.parent.iterdir()] if j.out.parent.is_dir() else []
+        return sorted(int(m.group(1)) for m in found if m)
 
     if info["total"] == 0:
         raise ValueError("no images found in " + ", ".join(cfg.inputs)
@@ -569,10 +643,17 @@ def run(cfg: Config) -> int:
     skip = {id(j) for j in done_before}
     todo = [j for j in jobs if id(j) not in skip]
     say = (lambda *a: None) if cfg.quiet else (lambda msg: print(msg, file=sys.stderr))
-    i, n = info["shard"]
-    say(f"{info['total']} images under {info['base']}" + (f", shard {i}/{n}: {len(jobs)}" if n > 1 else "")
+    shard_i, shard_n = info["shard"]
+    say(f"{info['total']} image{'' if info['total'] == 1 else 's'} under {info['base']}"
+        + (f", shard {shard_i}/{shard_n}: {len(jobs)}" if shard_n > 1 else "")
         + (f", {len(done_before)} already done" if done_before else "")
-        + (f"; ignored {len(ignored)} files without an image extension (e.g. {ignored[0]})" if ignored else ""))
+        + (f"; ignored {len(ignored)} files without an image extension (e.g. {ignored[0]})" if ignored else "")
+        + (f"; OUTDIR {cfg.outdir}, inside an input folder, is not searched for inputs"
+           if info["outdir_inside"] else ""))
+    no_gt = [j for j in todo if j.gt is None] if cfg.ground_truth else []
+    if no_gt:
+        say(f"warning: no ground truth in {cfg.ground_truth} for {len(no_gt)} of {len(todo)} inputs "
+            f"(e.g. {no_gt[0].src}): they get no PSNR / SSIM")
     if cfg.dry_run:
         for j in jobs:
             print(_printable(f"{'skip' if id(j) in skip else 'todo'}\t{j.src}\t{j.out}"))
@@ -589,11 +670,15 @@ def run(cfg: Config) -> int:
     opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
                       prior_weight=cfg.prior_weight)
     prior_weight, weights, device = opts.prior_weight, up.weights, up.device
+    # OUTDIR and the metrics file's folder must take files: found now, not after the decoding
+    if mpath:
+        check_writable(Path(mpath).parent, "--metrics folder")
+    check_writable(Path(cfg.outdir), "OUTDIR")
 
     s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
     settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
                 "temperature": opts.temperature or None, "seed": cfg.seed if opts.temperature else None,
-                "batch_size": cfg.batch_size, "prior_weight": prior_weight, "match_input": cfg.match_input, "device": device, "dtype": cfg.dtype, "shard": f"{i}/{n}",
+                "batch_size": cfg.batch_size, "prior_weight": prior_weight, "match_input": cfg.match_input, "device": device, "dtype": cfg.dtype, "shard": f"{shard_i}/{shard_n}",
                 "ssim": dict(SSIM_SETTINGS), "psnr": dict(PSNR_SETTINGS)}
     metrics = Metrics(mpath, settings, cfg.skip_existing, cfg.outdir)
     base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size",
@@ -604,12 +689,11 @@ def run(cfg: Config) -> int:
 
     for j in done_before:
         metrics.add({**names(j), "status": "skipped"})
-        n = 1  # with --faces all, the photo's other faces written by the earlier run keep their rows too
-        while cfg.faces == "all" and face_output(j, n, j.out).is_file():
-            out = face_output(j, n, j.out)
+        # with --faces all, the photo's other faces written by the earlier run keep their rows too
+        for f in (further_faces(j) if cfg.faces == "all" else []):
+            out = face_output(j, f, j.out)
             metrics.add({**names(j), "output": str(out), "relative": out.relative_to(cfg.outdir).as_posix(),
                          "status": "skipped"})
-            n += 1
     # a resumed run whose settings differ would leave its outputs unlike each other: say so
     def kept_unlike(key, read, now):
         """Outputs kept by --skip-existing whose earlier row recorded another value of `key`."""
@@ -631,7 +715,7 @@ def run(cfg: Config) -> int:
               f"--prior-weight (e.g. {unlike[0].out}); the new ones use {prior_weight:g}. Rerun those without "
               f"--skip-existing, or pass the old --prior-weight, to keep them alike", file=sys.stderr)
 
-    bar = tqdm(total=len(todo), unit="img", desc="upscale" + (f" {i}/{n}" if n > 1 else ""),
+    bar = tqdm(total=len(todo), unit="img", desc="upscale" + (f" {shard_i}/{shard_n}" if shard_n > 1 else ""),
                disable=cfg.quiet, dynamic_ncols=True, smoothing=0.1)
 
     def fail(j: Job, reason: str):
@@ -672,6 +756,41 @@ def run(cfg: Config) -> int:
         if batch:
             yield batch
 
+    def write_photo(j: Job, ph: Photo, results: dict) -> None:
+        """A photo's outputs, once all its faces are decoded: the further faces, the pasted photo,
+        then face 0 last, since --skip-existing takes a photo whose face 0 (and compare strip and
+        pasted photo) exists for done: a run stopped between two of its faces leaves none written."""
+        for n in reversed(range(len(ph.faces))):
+            img, lr, row = results[n]
+            face = ph.faces[n]
+            aligned = not isinstance(face, tuple)
+            out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
+            if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
+                raise ValueError(f"{out} is an input file: not overwritten")
+            gt = None
+            if j.gt is not None:
+                row["ground_truth"] = str(j.gt)
+                try:
+                    gt = load_ground_truth(j.gt, face if aligned else None, ph.image.size if aligned else None)
+                except BadImage as e:
+                    row["reason"] = f"ground truth unusable: {e}"
+                    if not cfg.quiet:
+                        bar.write(f"warning: {j.src}: ground truth unusable: {e}", file=sys.stderr)
+            if gt is not None:
+                row["psnr"], row["ssim"] = quality(gt, img)
+                row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))
+            if n == 0 and j.paste is not None:  # before face 0: the photo is done when face 0 is there
+                if aligned:
+                    from .faces import paste_back, paste_scale
+                    whole = paste_back(ph.image, ph.faces, [results[i][0] for i in range(len(ph.faces))],
+                                       paste_scale(ph.image.size))
+                else:  # an 8x8 or 32x32 input: the result is the whole photo
+                    whole = img
+                save_atomic(whole, j.paste, cfg.ext)
+            if compare is not None:
+                save_atomic(compare_strip(lr, img, gt), compare, cfg.ext)
+            save_atomic(img, out, cfg.ext)
+
     shown = [0.0]
 
     def progress(tokens, done_counts, bmap, calls):  # live share of the current batch, twice a second
@@ -705,7 +824,7 @@ def run(cfg: Config) -> int:
                     ph, results = photos[id(j)]
                     face = ph.faces[n]
                     aligned = not isinstance(face, tuple)
-                    out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
+                    out = face_output(j, n, j.out)
                     row = {**names(j), "output": str(out), "relative": out.relative_to(cfg.outdir).as_posix(),
                            "status": "done", **base_row, "face": n,
                            "framing": face.how if aligned else ph.note, "faces_note": ph.note,
@@ -713,44 +832,22 @@ def run(cfg: Config) -> int:
                            "box": [round(v * ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width, 1)
                                    for v in face.box] if aligned else None,
                            "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
-                    try:
-                        if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
-                            raise ValueError(f"{out} is an input file: not overwritten")
-                        gt = None
-                        if j.gt is not None:
-                            row["ground_truth"] = str(j.gt)
-                            try:
-                                gt = load_ground_truth(j.gt, face if aligned else None,
-                                                       ph.image.size if aligned else None)
-                            except BadImage as e:
-                                row["reason"] = f"ground truth unusable: {e}"
-                        if gt is not None:
-                            row["psnr"], row["ssim"] = quality(gt, img)
-                            row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))
-                        save_atomic(img, out, cfg.ext)
-                        if compare is not None:
-                            save_atomic(compare_strip(lr, img, gt), compare, cfg.ext)
-                        results[n] = img
-                        if j.paste is not None and len(results) == len(ph.faces):  # the photo's last face
-                            if aligned:
-                                from .faces import paste_back, paste_scale
-                                whole = paste_back(ph.image, ph.faces, [results[i] for i in range(len(ph.faces))],
-                                                   paste_scale(ph.image.size))
-                            else:  # an 8x8 or 32x32 input: the result is the whole photo
-                                whole = img
-                            save_atomic(whole, j.paste, cfg.ext)
-                    except Exception as e:  # disk full, permissions...: this image failed
-                        photos.pop(id(j), None)
-                        fail(j, f"writing failed: {type(e).__name__}: {e}")
-                        continue
-                    s.faces += 1
+                    results[n] = (img, lr, row)
                     s.blocks.append(st.mean_block)
                     s.calls.append(st.calls)
-                    metrics.add(row)
-                    if len(results) == len(ph.faces):  # the photo is done
-                        photos.pop(id(j), None)
-                        s.done += 1
-                        bar.update(1)
+                    if len(results) < len(ph.faces):  # a photo's faces are written together
+                        continue
+                    photos.pop(id(j))
+                    try:
+                        write_photo(j, ph, results)
+                    except Exception as e:  # disk full, permissions...: this image failed
+                        fail(j, f"writing failed: {type(e).__name__}: {e}")
+                        continue
+                    for n in range(len(ph.faces)):
+                        metrics.add(results[n][2])
+                    s.faces += len(ph.faces)
+                    s.done += 1
+                    bar.update(1)
                 s.seconds = time.perf_counter() - t1
                 metrics.maybe_write(s)
                 after_batch(s)
@@ -763,14 +860,20 @@ def run(cfg: Config) -> int:
     finally:
         s.seconds = time.perf_counter() - t1
         bar.close()
-        metrics.write(s)
+        try:
+            metrics.write(s)
+            s.metrics_error = None
+        except OSError as e:
+            s.metrics_error = f"{mpath}: {e}"
     if not cfg.quiet:
         print(_printable("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {mpath}" if mpath else "")))
     else:  # quiet: only what needs attention
         if s.failed:
             print(f"{len(s.failed)} of {s.total} images failed", file=sys.stderr)
-        if s.interrupted:
+        if s.interrupted and s.left:
             print(f"interrupted after {s.done + s.skipped} of {s.total} images", file=sys.stderr)
+        if s.metrics_error:
+            print(f"metrics NOT written: {s.metrics_error}", file=sys.stderr)
     return s.exit_code
 
 

@@ -3,6 +3,7 @@
 Decoding is the slow part (a few seconds per batch on one core), so each test decodes at most
 two batches; planning checks use --dry-run, which never loads the model."""
 import csv
+import functools
 import json
 import os
 import signal
@@ -152,6 +153,50 @@ def test_interrupt_then_skip_existing(tmp_path, fast, capsys, monkeypatch, rng):
     assert all(int(r["calls"]) > 0 for r in rows)
 
 
+def test_a_photo_stopped_between_its_faces_is_redone_on_resume(tmp_path, fast, capsys, monkeypatch, rng):
+    """--faces all writes a photo's faces together, face 0 last: a run stopped after a batch
+    that decoded only one of a photo's faces leaves none of them, so --skip-existing (which takes
+    a photo whose face 0 is there for done) finishes it."""
+    src, out, met = tmp_path / "in", tmp_path / "out", tmp_path / "m.csv"
+    src.mkdir()
+    two_faces().save(src / "pair.png")
+    monkeypatch.setattr(upscale, "after_batch", lambda s: signal.raise_signal(signal.SIGINT))
+    args = [str(src), "-o", str(out), "--faces", "all", "--metrics", str(met), "--batch-size", "1"] + fast
+    assert main(args) == 130
+    assert "not processed 1 (interrupted: rerun with --skip-existing" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == [] and leftovers(tmp_path) == []
+    monkeypatch.setattr(upscale, "after_batch", lambda s: None)
+    assert main(args + ["--skip-existing"]) == 0
+    assert "done 1, skipped 0" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png"]
+    # resumed again: both rows kept, face 1's found by its file
+    assert main(args + ["--skip-existing"]) == 0
+    assert "done 0, skipped 1" in capsys.readouterr().out
+    with open(met, newline="") as f:
+        assert sorted(Path(r["output"]).name for r in csv.DictReader(f)) == ["pair_face0.png", "pair_face1.png"]
+
+
+def test_a_metrics_file_that_cannot_be_written_loses_no_output(tmp_path, fast, capsys, monkeypatch, rng):
+    """The disk fills up under the metrics file (injected): every image is still written, the
+    periodic write warns once and the run goes on, and the summary and exit code 1 say so."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    for name in ["x1.png", "x2.png"]:
+        save(src / name, tiny8(rng))
+
+    def full(self, summary):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(upscale.Metrics, "write", full)
+    # the periodic write after every batch, not every minute
+    monkeypatch.setattr(upscale.Metrics, "maybe_write",
+                        functools.partialmethod(upscale.Metrics.maybe_write, every=-1.0))
+    args = [str(src), "-o", str(out), "--metrics", str(tmp_path / "m.csv"), "--batch-size", "1"] + fast
+    assert main(args) == 1
+    cap = capsys.readouterr()
+    assert cap.err.count("warning: metrics file") == 1
+    assert "metrics NOT written" in cap.out and "No space left on device" in cap.out
+    assert sorted(p.name for p in out.iterdir()) == ["x1.png", "x2.png"]
+
+
 def test_shards_cover_each_input_once(tmp_path, capsys, monkeypatch, rng):
     src = tmp_path / "in"
     for i in range(30):
@@ -198,6 +243,10 @@ def test_planning_rules(tmp_path, capsys, rng):
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--metrics", str(t / "m.txt")], ".csv or .json"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--weights", str(t / "missing.json")], "no weights"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--k", "99"], "k must be in"),
+    # found before the decoding, not when the first output or the metrics are written
+    (lambda t: [str(t / "a"), "-o", str(t / "a" / "x.png" / "out")], "OUTDIR"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--metrics", str(t / "a" / "x.png" / "m.csv")],
+     "--metrics folder"),
 ])
 def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, rng, extra, message):
     save(tmp_path / "a" / "x.png", tiny8(rng))
@@ -347,6 +396,20 @@ def test_symlink_loop_is_reported_and_skipped(tmp_path, fast, capsys, rng):
     err = capsys.readouterr().err
     assert str(src / "self.png") in err and "symbolic links" in err
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ok.png"]
+
+
+def test_globs_do_not_follow_folder_symlinks(tmp_path, capsys, rng):
+    """Python's ** follows folder symlinks, loops included (one loop made dozens of copies of each
+    input); the command does not, for globs as for folders."""
+    src = tmp_path / "in"
+    save(src / "a.png", tiny8(rng))
+    save(src / "sub" / "b.png", tiny8(rng))
+    (src / "sub" / "up").symlink_to("..")  # a loop
+    (src / "link").symlink_to("sub")  # a second way to sub/b.png
+    out = tmp_path / "out"
+    by_folder = [i for _, i, _ in dry_run(capsys, [str(src), "-o", str(out)])]
+    by_glob = [i for _, i, _ in dry_run(capsys, [str(src / "**" / "*.png"), "-o", str(out)])]
+    assert by_glob == by_folder == [str(src / "a.png"), str(src / "sub" / "b.png")]
 
 
 def test_each_file_symlink_gets_its_own_output(tmp_path, capsys, rng):
