@@ -342,19 +342,29 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
                   for j, i in enumerate(pick)],
     }
     mpath = folder / "manifest.json"
+    restoring = None  # a complete study with images missing or altered: it is made again
     if mpath.exists():
         old = _read_manifest(folder)
         if old.get("settings") != settings:
             diff = [k for k in settings if old.get("settings", {}).get(k) != settings[k]]
             raise StudyError(f"{folder} already holds a different study (differs in: {', '.join(diff)}); "
                              f"use a new folder")
-        if old.get("complete"):
-            log(f"study {old['study_id']} in {folder} is already complete")
-            return old
+        restoring = old if old.get("complete") else None
+        if restoring:
+            damaged = damaged_files(folder, restoring.get("files", {}))
+            if not damaged:
+                log(f"study {old['study_id']} in {folder} is already complete")
+                return old
+            # every image is made again the same way (decoding is deterministic; samples have
+            # their seeds in the manifest): the damaged ones are restored, then checked below
+            log(f"study {old['study_id']}: {len(damaged)} image(s) missing or altered; making them again")
+            for rel in damaged:
+                (folder / rel).unlink(missing_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     source = {"data": str(data or "default"), "weights": {k: str(v) for k, v in paths.items()}}
-    _write_json(mpath, {"format": FORMAT, "complete": False, "settings": settings, "source": source,
-                        "built_with": app_version(), "started": now_iso()})
+    if not restoring:  # a restore keeps the complete manifest: an interrupted one can be run again
+        _write_json(mpath, {"format": FORMAT, "complete": False, "settings": settings, "source": source,
+                            "built_with": app_version(), "started": now_iso()})
 
     for j in range(need):  # photos and attention-check images need no model
         write_png(folder / dirs["real"] / f"{j:04d}.png", images[j])
@@ -395,6 +405,14 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
             st = json.loads(sp.read_text())
             vals = [st[str(j)]["mean_block"] for j in range(n_faces) if str(j) in st]
             decode_stats[c.name] = {"mean_block": float(np.mean(vals)) if vals else None}
+    if restoring:
+        differ = sorted(rel for rel, sha in files.items() if restoring["files"].get(rel) != sha)
+        if differ:  # e.g. decoded on another processor, whose arithmetic rounds differently
+            raise StudyError(f"{folder}: {len(differ)} image(s) made again differ from the study's "
+                             f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}), so the study "
+                             "cannot be restored here; build it in a new folder")
+        log(f"study {restoring['study_id']} in {folder}: restored, complete")
+        return restoring
     study_id = sha256_bytes(json.dumps({"settings": settings, "files": files}, sort_keys=True).encode())[:16]
     manifest = {"format": FORMAT, "complete": True, "study_id": study_id, "settings": settings,
                 "files": files, "decode": decode_stats, "source": source, "built_with": app_version(),
@@ -403,6 +421,12 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
     log(f"study {study_id}: {len(conds)} conditions, {len(comparisons)} comparisons, "
         f"{n_faces} faces (+{n_practice} practice) in {folder}")
     return manifest
+
+
+def damaged_files(folder: Path, files: dict[str, str]) -> list[str]:
+    """The study images (relative path -> sha256) missing from `folder` or not as recorded."""
+    return [rel for rel, sha in files.items()
+            if not (folder / rel).is_file() or sha256_bytes((folder / rel).read_bytes()) != sha]
 
 
 def _read_manifest(folder: Path) -> dict:
@@ -454,16 +478,12 @@ class Study:
             raise StudyError(f"{self.folder}: manifest lacks its file list") from None
         if m.get("study_id") != expect:
             raise StudyError(f"{self.folder}/manifest.json was altered (its study id does not match its content)")
-        bad = []
-        for rel, sha in m["files"].items():
-            p = self.folder / rel
-            if not p.is_file():
-                bad.append(f"{rel} missing")
-            elif sha256_bytes(p.read_bytes()) != sha:
-                bad.append(f"{rel} altered")
+        bad = [f"{rel} {'altered' if (self.folder / rel).is_file() else 'missing'}"
+               for rel in damaged_files(self.folder, m["files"])]
         if bad:
             raise StudyError(f"{self.folder}: {len(bad)} study image(s) missing or altered since the build "
-                             f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); rebuild in a new folder")
+                             f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); `sr-blockwise rate build` "
+                             "with the study's settings makes them again")
         self.manifest = m
         self.study_id: str = m["study_id"]
         self.question: str = s["question"]
@@ -954,6 +974,8 @@ def fooled_table(res: dict) -> str:
         paper = f"~{PAPER_FOOLED:.0f}" if comparable else "—"
         out.append(f"| {model} | {_pct(rate)} [{_pct(lo)}, {_pct(hi)}] ({c['n']}) | {paper} |")
     if len(out) == 2:
+        if any("real" in (c["a"], c["b"]) for c in res["comparisons"]):
+            return "(no judgments yet of a model output against the real photo)\n"
         return "(no comparison of a model output against the real photo in this study)\n"
     return "\n".join(out) + "\n"
 

@@ -93,6 +93,38 @@ def test_build_manifest_and_resume(study_dir, study_copy, tiny_weights, celeba_n
         rating.build_study(study_copy, **{**args, "n_faces": 3})
 
 
+def test_build_restores_a_complete_study(study_dir, study_copy, tiny_weights, celeba_npz):
+    """A complete study with an image deleted and one altered: serving refuses it, and building
+    again with its settings makes the two again, bit for bit as recorded (the same study id, so
+    its ratings database still belongs to it), leaving the other images untouched."""
+    st = rating.open_study(study_dir)
+    cdir = study_copy / st.manifest["settings"]["conditions"][1]["dir"]
+    (cdir / "0002.png").unlink()
+    real = study_copy / "images" / "real" / "0001.png"
+    real.write_bytes(real.read_bytes()[:-5] + b"xxxxx")
+    untouched = (cdir / "0001.png").stat().st_mtime_ns
+    with pytest.raises(StudyError, match="2 study image.*makes them again"):
+        rating.open_study(study_copy)
+    logged = []
+    again = rating.build_study(study_copy, [f"greedy@{tiny_weights}", f"eps=255:k=10@{tiny_weights}", "real"],
+                               data=celeba_npz, n_faces=N_FACES, n_practice=N_PRACTICE, threads=1,
+                               progress=False, log=logged.append)
+    assert again["study_id"] == st.study_id and "restored" in logged[-1]
+    assert rating.open_study(study_copy).study_id == st.study_id
+    assert (cdir / "0001.png").stat().st_mtime_ns == untouched
+    # an image that comes out otherwise (another processor's rounding, say) is not passed off as the study's
+    man = json.loads((study_copy / "manifest.json").read_text())
+    (cdir / "0003.png").unlink()
+    man["files"][f"{cdir.relative_to(study_copy).as_posix()}/0003.png"] = "0" * 64
+    man["study_id"] = rating.sha256_bytes(json.dumps({"settings": man["settings"], "files": man["files"]},
+                                                     sort_keys=True).encode())[:16]
+    (study_copy / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(StudyError, match="differ from the study's.*new folder"):
+        rating.build_study(study_copy, [f"greedy@{tiny_weights}", f"eps=255:k=10@{tiny_weights}", "real"],
+                           data=celeba_npz, n_faces=N_FACES, n_practice=N_PRACTICE, threads=1,
+                           progress=False, log=lambda *a: None)
+
+
 # ---------------------------------------------------------------- rater sessions (library)
 
 def test_plan_resume_and_limits(study_copy):
