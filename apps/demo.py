@@ -287,8 +287,10 @@ def cmd_demo(args) -> int:
     from sr_blockwise.api import Upscaler
     from sr_blockwise.checkpoints import WeightsError
 
+    from . import check_port
     from .examples import builtin_examples, celeba_examples
 
+    check_port(args.host, args.port)  # before the weights load
     try:  # on the CPU: the page decodes one image at a time, live
         up = Upscaler(args.weights, device="cpu", dtype=args.dtype)
     except WeightsError as e:  # the CLI prints ValueErrors as one line

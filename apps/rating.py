@@ -155,6 +155,9 @@ def cmd_build(a) -> int:
 
 def cmd_serve(a) -> int:
     from sr_blockwise.rating import RatingService, open_study
+
+    from . import check_port
+    check_port(a.host, a.port)
     service = RatingService(open_study(a.study), a.db, a.trials)
     token = a.admin_token or os.environ.get("SR_BLOCKWISE_ADMIN_TOKEN") or secrets.token_urlsafe(16)
     if a.host not in ("127.0.0.1", "localhost", "::1"):

@@ -393,3 +393,17 @@ def test_browser(server, files, tmp_path, monkeypatch):
         finally:
             browser.close()
     assert outside == []
+
+
+def test_a_busy_port_is_refused_in_one_line_before_any_work(capsys):
+    """`demo` and `rate serve` on a port another server holds: exit 2 and the flag that fixes it
+    (Gradio's own error is a traceback that advises launch()'s server_port)."""
+    from sr_blockwise.cli import main as cli_main
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        for args in (["demo", "--port", port], ["rate", "serve", "no-such-study", "--port", port]):
+            assert cli_main(args) == 2
+            err = capsys.readouterr().err
+            assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another --port" in err, err
