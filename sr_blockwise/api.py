@@ -65,9 +65,9 @@ def pick_device(name: str) -> str:
     try:
         dev = torch.device(name)
     except RuntimeError as e:
-        raise ValueError(f"--device {name!r}: {e}") from None
+        raise ValueError(f"device {name!r}: {e}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA GPU is available")
+        raise ValueError(f"device {name!r}: no CUDA GPU is available")
     return name
 
 
@@ -77,7 +77,7 @@ def torch_dtype(name):
     if isinstance(name, torch.dtype):
         return name
     if name not in DTYPES:
-        raise ValueError(f"--dtype {name!r}: choose from {sorted(DTYPES)}")
+        raise ValueError(f"dtype {name!r}: choose from {sorted(DTYPES)}")
     return getattr(torch, name)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -69,6 +70,9 @@ def resolve(name_or_path: str | Path) -> Path:
             return c
         if c.suffix == ".safetensors" and c.with_suffix(".json").is_file():
             return c.with_suffix(".json")
+    if p.suffix == ".safetensors" and p.is_file():
+        raise WeightsError(f"{p}: a tensor file needs its weights config {p.with_suffix('.json').name} "
+                           "beside it (the model's shape and the file's sha256); pass that .json")
     known = ", ".join(w["name"] for w in list_weights()) or "none"
     raise WeightsError(f"no weights named or at {name_or_path!r} (shipped: {known})")
 
@@ -93,7 +97,11 @@ def load_model(name_or_path: str | Path = DEFAULT_WEIGHTS, dtype: torch.dtype = 
             ck = torch.load(path, map_location="cpu", weights_only=True)
             cfg, state = ModelConfig.from_dict(ck["model_config"]), ck["model"]
         except Exception as e:  # corrupt, or holding objects weights_only refuses to unpickle
-            raise WeightsError(f"{path}: not a usable training checkpoint ({type(e).__name__}: {e})") from None
+            # torch's own message for these runs long and advises weights_only=False, which would
+            # run whatever code the file holds: never for a file that fails here
+            why = ("corrupt, or not a checkpoint of this project: it is not plain tensors and numbers"
+                   if isinstance(e, pickle.UnpicklingError) else f"{type(e).__name__}: {e}")
+            raise WeightsError(f"{path}: not a usable training checkpoint ({why})") from None
     else:
         card = read_card(path)
         st = path.parent / card["file"]

@@ -1,5 +1,6 @@
 """Weights I/O: round trip, and refusal (with a reason) of anything that does not match."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,8 +77,23 @@ class Evil:
 def test_a_checkpoint_with_pickled_objects_is_refused(tmp_path):
     p = tmp_path / "evil.pt"
     torch.save({"model_config": {}, "model": {}, "payload": Evil()}, p)
-    with pytest.raises(WeightsError, match="not a usable training checkpoint"):
+    with pytest.raises(WeightsError, match="not a usable training checkpoint") as e:
         load_model(p)
+    assert "weights_only" not in str(e.value)  # torch's advice to load it unsafely is not passed on
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(WeightsError, match="corrupt, or not a checkpoint of this project"):
+        load_model(junk)
+
+
+def test_a_tensor_file_without_its_config_says_what_to_pass(tmp_path):
+    import shutil
+
+    from sr_blockwise.checkpoints import WEIGHTS_DIR
+    lone = tmp_path / "lone.safetensors"
+    shutil.copy(next(Path(WEIGHTS_DIR).glob("*.safetensors")), lone)
+    with pytest.raises(WeightsError, match="needs its weights config lone.json beside it"):
+        load_model(lone)
 
 
 def test_cards_name_no_folder_of_the_machine_that_made_them(tmp_path, monkeypatch):
