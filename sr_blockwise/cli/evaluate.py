@@ -70,8 +70,11 @@ def register(subparsers) -> None:
                         "measures it (the demo, upscale and the API decode at the weights' default, 2 for the "
                         "shipped ones: pass --prior-weight 2 to measure what they give; see `upscale "
                         "--prior-weight`); bits/dim stay the model's as trained")
-    p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
-    p.set_defaults(func=run)
+    # the default from the parser, not the option: its help would print "(default: True)" beside
+    # --quiet, which reads as quiet (set first: set_defaults also rewrites an option's default)
+    p.set_defaults(func=run, progress=True)
+    p.add_argument("--quiet", dest="progress", action="store_false", default=argparse.SUPPRESS,
+                   help="no progress bar")
 
 
 def run(a) -> int:
