@@ -71,8 +71,9 @@ def resolve(name_or_path: str | Path) -> Path:
         if c.suffix == ".safetensors" and c.with_suffix(".json").is_file():
             return c.with_suffix(".json")
     if p.suffix == ".safetensors" and p.is_file():
-        raise WeightsError(f"{p}: a tensor file needs its weights config {p.with_suffix('.json').name} "
-                           "beside it (the model's shape and the file's sha256); pass that .json")
+        raise WeightsError(f"{p}: tensors are loaded through their weights card, a .json beside them "
+                           f"({p.with_suffix('.json').name}, whose \"file\" names the tensor file, with the "
+                           "model's config and the file's sha256): pass the card")
     known = ", ".join(w["name"] for w in list_weights()) or "none"
     raise WeightsError(f"no weights named or at {name_or_path!r} (shipped: {known})")
 

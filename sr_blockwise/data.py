@@ -37,6 +37,9 @@ CELEBA_BOX = (20, 40, 158, 178)  # left, top, right, bottom: the 138x138 crop of
 # bounded memory), other formats decoded in their own mode and box-reduced by a whole factor. The
 # 8x8 input averages hundreds of pixels per cell either way, so it moves by well under a level.
 FULL_READ_PIXELS = 40_000_000
+# Pillow warns of a "decompression bomb" from MAX_IMAGE_PIXELS (89 MP) on and refuses twice that;
+# open_rgb reads what it allows as above, so the warning only clutters a batch run's output
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 REDUCED_MIN_SIDE = 1024
 _REDUCIBLE = {"L", "LA", "RGB", "RGBA", "I", "F"}  # modes Image.reduce averages as they are
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
@@ -60,13 +63,11 @@ def open_rgb(path_or_file) -> Image.Image:
     try:
         if isinstance(path_or_file, (str, Path)) and os.path.getsize(path_or_file) == 0:
             raise BadImage(f"{name}: empty file (0 bytes)")
-        with warnings.catch_warnings():  # Pillow warns of a "decompression bomb" from 89 MP on:
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # such photos are read reduced
-            img, full = Image.open(path_or_file), None
-            if img.width * img.height > FULL_READ_PIXELS and min(img.size) >= 2 * REDUCED_MIN_SIDE:
-                img, full = _read_reduced(img)
-            else:
-                img.load()
+        img, full = Image.open(path_or_file), None
+        if img.width * img.height > FULL_READ_PIXELS and min(img.size) >= 2 * REDUCED_MIN_SIDE:
+            img, full = _read_reduced(img)
+        else:
+            img.load()
     except BadImage:
         raise
     except Image.DecompressionBombError as e:

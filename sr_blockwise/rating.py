@@ -247,10 +247,10 @@ def png_bytes(img: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def write_png(path: Path, img: np.ndarray) -> None:
+def write_file(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(png_bytes(img))
+    tmp.write_bytes(data)
     os.replace(tmp, path)  # a killed build leaves no half-written image
 
 
@@ -342,7 +342,7 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
                   for j, i in enumerate(pick)],
     }
     mpath = folder / "manifest.json"
-    restoring = None  # a complete study with images missing or altered: it is made again
+    restoring, damaged = None, set()  # a complete study with images missing or altered: made again
     if mpath.exists():
         old = _read_manifest(folder)
         if old.get("settings") != settings:
@@ -351,27 +351,39 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
                              f"use a new folder")
         restoring = old if old.get("complete") else None
         if restoring:
-            damaged = damaged_files(folder, restoring.get("files", {}))
+            damaged = set(damaged_files(folder, restoring.get("files", {})))
             if not damaged:
                 log(f"study {old['study_id']} in {folder} is already complete")
                 return old
-            # every image is made again the same way (decoding is deterministic; samples have
-            # their seeds in the manifest): the damaged ones are restored, then checked below
+            # every image is made the same way again (decoding is deterministic; samples have
+            # their seeds in the manifest): the damaged ones are made and written where they
+            # come out as recorded; the others are left as they are
             log(f"study {old['study_id']}: {len(damaged)} image(s) missing or altered; making them again")
-            for rel in damaged:
-                (folder / rel).unlink(missing_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     source = {"data": str(data or "default"), "weights": {k: str(v) for k, v in paths.items()}}
     if not restoring:  # a restore keeps the complete manifest: an interrupted one can be run again
         _write_json(mpath, {"format": FORMAT, "complete": False, "settings": settings, "source": source,
                             "built_with": app_version(), "started": now_iso()})
+    differ = []  # restoring: images that came out otherwise than recorded (not written)
+
+    def needed(rel: str) -> bool:
+        return rel in damaged if restoring else not (folder / rel).exists()
+
+    def put(rel: str, img: np.ndarray) -> bool:
+        """Write a study image; restoring, only a damaged one, and only as recorded."""
+        encoded = png_bytes(img)
+        if restoring and (rel not in damaged or sha256_bytes(encoded) != restoring["files"].get(rel)):
+            if rel in damaged:
+                differ.append(rel)
+            return False
+        write_file(folder / rel, encoded)
+        return True
 
     for j in range(need):  # photos and attention-check images need no model
-        write_png(folder / dirs["real"] / f"{j:04d}.png", images[j])
-        write_png(folder / dirs["broken"] / f"{j:04d}.png", broken_image(images[j], seed * 7919 + j))
+        put(f"{dirs['real']}/{j:04d}.png", images[j])
+        put(f"{dirs['broken']}/{j:04d}.png", broken_image(images[j], seed * 7919 + j))
 
-    todo = [(c, [j for j in range(need) if not (folder / dirs[c.name] / f"{j:04d}.png").exists()])
-            for c in conds if c.decoded]
+    todo = [(c, [j for j in range(need) if needed(f"{dirs[c.name]}/{j:04d}.png")]) for c in conds if c.decoded]
     if threads:
         torch.set_num_threads(threads)
     models = {}
@@ -387,11 +399,22 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
             res = decode(models[c.weights], downsample_8(images[idx]), c.options(),
                          seeds=[seeds[c.name][j] for j in idx] if c.name in seeds else None)
             for j, img, st in zip(idx, res.images, res.stats):
-                write_png(folder / dirs[c.name] / f"{j:04d}.png", img)
-                stats[str(j)] = {"mean_block": st.mean_block, "calls": st.calls}
+                if put(f"{dirs[c.name]}/{j:04d}.png", img):
+                    stats[str(j)] = {"mean_block": st.mean_block, "calls": st.calls}
             _write_json(stats_path, stats)
             bar.update(len(idx))
     bar.close()
+    if restoring:
+        if differ:  # e.g. other faces under --data, or decoded on a processor that rounds differently
+            built = restoring.get("source", {}).get("data")
+            raise StudyError(
+                f"{folder}: {len(differ)} image(s) made again differ from the study's "
+                f"({', '.join(sorted(differ)[:3])}{', ...' if len(differ) > 3 else ''}): not written"
+                + (f"; the study was built from {built}, this run reads {source['data']}"
+                   if built and built != source["data"] else "")
+                + "; where they cannot be made as recorded, build the study in a new folder")
+        log(f"study {restoring['study_id']} in {folder}: restored, complete")
+        return restoring
 
     files = {}
     for d in sorted(set(dirs.values())):
@@ -405,14 +428,6 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
             st = json.loads(sp.read_text())
             vals = [st[str(j)]["mean_block"] for j in range(n_faces) if str(j) in st]
             decode_stats[c.name] = {"mean_block": float(np.mean(vals)) if vals else None}
-    if restoring:
-        differ = sorted(rel for rel, sha in files.items() if restoring["files"].get(rel) != sha)
-        if differ:  # e.g. decoded on another processor, whose arithmetic rounds differently
-            raise StudyError(f"{folder}: {len(differ)} image(s) made again differ from the study's "
-                             f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}), so the study "
-                             "cannot be restored here; build it in a new folder")
-        log(f"study {restoring['study_id']} in {folder}: restored, complete")
-        return restoring
     study_id = sha256_bytes(json.dumps({"settings": settings, "files": files}, sort_keys=True).encode())[:16]
     manifest = {"format": FORMAT, "complete": True, "study_id": study_id, "settings": settings,
                 "files": files, "decode": decode_stats, "source": source, "built_with": app_version(),

@@ -125,26 +125,39 @@ def _glob_root(pattern: str) -> Path:
 
 
 def _glob(spec: str) -> list[Path]:
-    """glob.glob(spec, recursive=True), sorted, except that ** does not descend into folder
-    symlinks: glob's does, loops included (two crossing links make exponentially many paths).
-    pathlib's ** does not; like glob, wildcards here do not match hidden names."""
-    root = _glob_root(spec)
-    rest = Path(spec).parts[len(root.parts):]
-    explicit_hidden = any(part.startswith(".") and part not in (".", "..") for part in rest)
-    found = root.glob(str(Path(*rest))) if rest else [root]
-    return sorted(m for m in found if explicit_hidden or not any(
-        part.startswith(".") for part in m.parts[len(root.parts):]))
+    """glob.glob(spec, recursive=True), sorted, except that a ** component does not descend into
+    folder symlinks: glob's does, loops included (a loop lists every file below it dozens of
+    times over, two crossing links exponentially many). Each ** is expanded by os.walk without
+    following links, hidden folders left out as glob leaves them out; the rest of the pattern is
+    glob's, so one wildcard still matches through a linked folder."""
+    return sorted(Path(m) for m in set(_glob_paths(spec)))
 
 
-def _via_folder_symlink(match: Path, root: Path) -> bool:
-    """Whether a glob's match is, or lies under, a folder symlink below the glob's root."""
-    parts = match.parts[len(root.parts):] if match.parts[:len(root.parts)] == root.parts else match.parts
-    p = root if match.parts[:len(root.parts)] == root.parts else Path()
-    for i, part in enumerate(parts):
-        p = p / part
-        if p.is_symlink() and (i < len(parts) - 1 or p.is_dir()):
-            return True
-    return False
+def _glob_paths(spec: str) -> list[str]:
+    parts = spec.split("/")
+    if "**" not in parts:
+        return glob.glob(spec, recursive=True)
+    i = parts.index("**")
+    head, tail = "/".join(parts[:i]), parts[i + 1:]
+    if i == 1 and parts[0] == "":
+        head = "/"  # /**/...
+    bases = (glob.glob(head, recursive=True) if glob.has_magic(head) else [head]) if head else [""]
+    out = []
+    for base in bases:
+        if base and not os.path.isdir(base):
+            continue
+        for dirpath, dirnames, filenames in os.walk(base or ".", followlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            here = dirpath if base else os.path.relpath(dirpath)
+            prefix = "" if here == "." else here
+            if tail in ([], [""]):  # a trailing ** (folders and files below) or **/ (folders)
+                out.extend([prefix + "/"] if prefix else [])
+                if not tail:
+                    out.extend(os.path.join(prefix, f) for f in filenames if not f.startswith("."))
+            else:
+                rest = "/".join(tail)
+                out.extend(_glob_paths(os.path.join(glob.escape(prefix), rest) if prefix else rest))
+    return out
 
 
 def _scan(folder: Path, exts: set[str], exclude: Path | None, ignored: list[Path]) -> list[Path]:
@@ -187,8 +200,6 @@ def find_inputs(inputs: list[str], outdir: Path) -> tuple[list[tuple[Path, Path]
             for m in matches:
                 if _resolve(m) == out_res or out_res in _resolve(m).parents:
                     continue  # OUTDIR or an earlier result, matched by a broad pattern
-                if _via_folder_symlink(m, root):
-                    continue  # ** follows folder symlinks (loops too); folder scans do not, nor do we
                 if m.is_dir():
                     add_folder(m, root)
                 elif m.suffix.lower() in exts:
@@ -353,13 +364,15 @@ def load_ground_truth(path: Path, face=None, input_size: tuple[int, int] | None 
 
 
 def check_writable(folder: Path, what: str) -> None:
-    """Make `folder` (and its parents) and write and remove a file in it; ValueError (a bad
-    argument: exit 2, before any work) where that fails."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{what} {folder}: cannot be made ({e.strerror or e})") from None
-    probe = _temp_name(folder / "write-test")
+    """ValueError (a bad argument: exit 2, before any work) unless `folder` takes files, or can be
+    made in a folder that does. Makes no folder: a probe file in the nearest existing one is
+    written and removed."""
+    there = folder
+    while not os.path.lexists(there) and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise ValueError(f"{what} {folder}: cannot be made ({there} is not a folder)")
+    probe = _temp_name(there / "write-test")
     try:
         probe.write_bytes(b"")
         probe.unlink()
@@ -532,7 +545,7 @@ class Metrics:
             if self.path.suffix == ".json":
                 doc = {"settings": self.settings, "summary": {
                     "done": summary.done, "skipped": summary.skipped, "failed": len(summary.failed),
-                    "interrupted": summary.interrupted, "seconds": summary.seconds,
+                    "interrupted": bool(summary.interrupted and summary.left), "seconds": summary.seconds,
                     "mean_block": float(np.mean(summary.blocks)) if summary.blocks else None,
                     "greedy_check": summary.greedy_check}, "images": self.rows}
                 tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -586,7 +599,7 @@ class _StopFlag:
             raise KeyboardInterrupt
         self.set = True
         if not self.quiet:
-            print("\nstopping after the current batch (Ctrl-C again stops now)", file=sys.stderr)
+            print("\nstopping after the current batch (a second Ctrl-C or SIGTERM stops now)", file=sys.stderr)
 
     def __exit__(self, *exc):
         for s, h in self.old.items():
@@ -627,12 +640,21 @@ def run(cfg: Config) -> int:
         head, mark, tail = path.name.rpartition(f"_face0{cfg.suffix}")  # the mark plan() added: the last
         return path.with_name(f"{head}_face{n}{cfg.suffix}{tail}")
 
+    face_files = {}  # output folder -> {(name before _faceN, extension): [N >= 1, ...]}
+
     def further_faces(j: Job) -> list[int]:
-        """With --faces all, the numbers n >= 1 of the photo's face files in OUTDIR."""
+        """With --faces all, the numbers n >= 1 of the photo's face files in OUTDIR (each folder
+        listed once: a resume of a large run asks this of every photo)."""
+        folder = j.out.parent
+        if folder not in face_files:
+            pattern = re.compile(r"(.*)_face([1-9][0-9]*)" + re.escape(cfg.suffix) + r"(\.[^.]*)")
+            index = face_files[folder] = {}
+            for f in (folder.iterdir() if folder.is_dir() else []):
+                m = pattern.fullmatch(f.name)
+                if m:
+                    index.setdefault((m.group(1), m.group(3)), []).append(int(m.group(2)))
         head, _, tail = j.out.name.rpartition(f"_face0{cfg.suffix}")
-        pattern = re.compile(re.escape(head) + r"_face([1-9][0-9]*)" + re.escape(cfg.suffix + tail))
-        found = [pattern.fullmatch(f.name) for f in j.out.parent.iterdir()] if j.out.parent.is_dir() else []
-        return sorted(int(m.group(1)) for m in found if m)
+        return sorted(face_files[folder].get((head, tail), []))
 
     if info["total"] == 0:
         raise ValueError("no images found in " + ", ".join(cfg.inputs)
@@ -670,10 +692,14 @@ def run(cfg: Config) -> int:
     opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
                       prior_weight=cfg.prior_weight)
     prior_weight, weights, device = opts.prior_weight, up.weights, up.device
-    # OUTDIR and the metrics file's folder must take files: found now, not after the decoding
+    # OUTDIR (where there is anything to write) and the metrics file's folder must take files:
+    # checked before any decoding
+    if todo:
+        check_writable(Path(cfg.outdir), "OUTDIR")
     if mpath:
+        if Path(mpath).is_dir():
+            raise ValueError(f"--metrics {mpath} is a folder; name a .csv or .json file")
         check_writable(Path(mpath).parent, "--metrics folder")
-    check_writable(Path(cfg.outdir), "OUTDIR")
 
     s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
     settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
@@ -724,10 +750,10 @@ def run(cfg: Config) -> int:
         bar.write(f"failed: {j.src}: {reason}", file=sys.stderr)
         bar.update(1)
 
-    photos = {}  # id(job) -> (Photo, results so far): a photo's paste-back waits for all its faces
+    photos = {}  # id(job) -> (Photo, results so far): a photo's outputs wait for all its faces
 
     def batches():
-        """(job, face number, 8x8 input) batches; a photo's faces may span two batches."""
+        """(job, face number, 8x8 input) batches; a photo's faces may span several batches."""
         batch = []
         for j in todo:
             if stop.set:  # Ctrl-C: read no more (also when every file so far failed to load)
@@ -761,7 +787,7 @@ def run(cfg: Config) -> int:
         then face 0 last, since --skip-existing takes a photo whose face 0 (and compare strip and
         pasted photo) exists for done: a run stopped between two of its faces leaves none written."""
         for n in reversed(range(len(ph.faces))):
-            img, lr, row = results[n]
+            img, lr, row, _ = results[n]
             face = ph.faces[n]
             aligned = not isinstance(face, tuple)
             out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
@@ -774,7 +800,7 @@ def run(cfg: Config) -> int:
                     gt = load_ground_truth(j.gt, face if aligned else None, ph.image.size if aligned else None)
                 except BadImage as e:
                     row["reason"] = f"ground truth unusable: {e}"
-                    if not cfg.quiet:
+                    if n == 0 and not cfg.quiet:  # once a photo (written last)
                         bar.write(f"warning: {j.src}: ground truth unusable: {e}", file=sys.stderr)
             if gt is not None:
                 row["psnr"], row["ssim"] = quality(gt, img)
@@ -832,9 +858,7 @@ def run(cfg: Config) -> int:
                            "box": [round(v * ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width, 1)
                                    for v in face.box] if aligned else None,
                            "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
-                    results[n] = (img, lr, row)
-                    s.blocks.append(st.mean_block)
-                    s.calls.append(st.calls)
+                    results[n] = (img, lr, row, st)
                     if len(results) < len(ph.faces):  # a photo's faces are written together
                         continue
                     photos.pop(id(j))
@@ -845,14 +869,16 @@ def run(cfg: Config) -> int:
                         continue
                     for n in range(len(ph.faces)):
                         metrics.add(results[n][2])
+                        s.blocks.append(results[n][3].mean_block)
+                        s.calls.append(results[n][3].calls)
                     s.faces += len(ph.faces)
                     s.done += 1
                     bar.update(1)
                 s.seconds = time.perf_counter() - t1
                 metrics.maybe_write(s)
                 after_batch(s)
-                if stop.set:
-                    break
+                if stop.set and not photos:  # a photo begun is finished first: its faces are
+                    break  # written together (batches() reads no further file)
             # Ctrl-C: stopped after the batch in hand (one whose decoding failed ends in batches())
             s.interrupted = stop.set
     except KeyboardInterrupt:  # the second Ctrl-C: the batch in flight is dropped
@@ -866,7 +892,7 @@ def run(cfg: Config) -> int:
         except OSError as e:
             s.metrics_error = f"{mpath}: {e}"
     if not cfg.quiet:
-        print(_printable("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {mpath}" if mpath else "")))
+        print(_printable("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {mpath}" if mpath and not s.metrics_error else "")))
     else:  # quiet: only what needs attention
         if s.failed:
             print(f"{len(s.failed)} of {s.total} images failed", file=sys.stderr)

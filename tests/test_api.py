@@ -238,3 +238,11 @@ def test_the_default_block_size_is_the_same_everywhere():
         assert up.options(mode).k == DEFAULT_K[mode]
     assert up.options("approx").propose == "window" and up.options("exact").propose == "recycle"
     assert page_defaults(up.model)[0] == DEFAULT_K["approx"]
+
+
+def test_api_errors_name_the_arguments_not_the_command_line_flags():
+    from sr_blockwise.api import pick_device, torch_dtype
+    with pytest.raises(ValueError, match=r"^device 'tpu'"):
+        pick_device("tpu")
+    with pytest.raises(ValueError, match=r"^dtype 'int8'"):
+        torch_dtype("int8")

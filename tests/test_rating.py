@@ -96,33 +96,38 @@ def test_build_manifest_and_resume(study_dir, study_copy, tiny_weights, celeba_n
 def test_build_restores_a_complete_study(study_dir, study_copy, tiny_weights, celeba_npz):
     """A complete study with an image deleted and one altered: serving refuses it, and building
     again with its settings makes the two again, bit for bit as recorded (the same study id, so
-    its ratings database still belongs to it), leaving the other images untouched."""
+    its ratings database still belongs to it), writing no other file."""
     st = rating.open_study(study_dir)
     cdir = study_copy / st.manifest["settings"]["conditions"][1]["dir"]
     (cdir / "0002.png").unlink()
     real = study_copy / "images" / "real" / "0001.png"
     real.write_bytes(real.read_bytes()[:-5] + b"xxxxx")
-    untouched = (cdir / "0001.png").stat().st_mtime_ns
     with pytest.raises(StudyError, match="2 study image.*makes them again"):
         rating.open_study(study_copy)
+
+    def stamps():
+        return {p: p.stat().st_mtime_ns for p in study_copy.rglob("*.png") if p not in (real, cdir / "0002.png")}
+    before = stamps()
+    args = dict(conditions=[f"greedy@{tiny_weights}", f"eps=255:k=10@{tiny_weights}", "real"], data=celeba_npz,
+                n_faces=N_FACES, n_practice=N_PRACTICE, threads=1, progress=False)
     logged = []
-    again = rating.build_study(study_copy, [f"greedy@{tiny_weights}", f"eps=255:k=10@{tiny_weights}", "real"],
-                               data=celeba_npz, n_faces=N_FACES, n_practice=N_PRACTICE, threads=1,
-                               progress=False, log=logged.append)
+    again = rating.build_study(study_copy, **args, log=logged.append)
     assert again["study_id"] == st.study_id and "restored" in logged[-1]
     assert rating.open_study(study_copy).study_id == st.study_id
-    assert (cdir / "0001.png").stat().st_mtime_ns == untouched
-    # an image that comes out otherwise (another processor's rounding, say) is not passed off as the study's
+    assert stamps() == before
+    # an image that comes out otherwise than recorded (other faces under --data, another
+    # processor's rounding) is not written, and nothing else is touched
     man = json.loads((study_copy / "manifest.json").read_text())
-    (cdir / "0003.png").unlink()
-    man["files"][f"{cdir.relative_to(study_copy).as_posix()}/0003.png"] = "0" * 64
+    gone = f"{cdir.relative_to(study_copy).as_posix()}/0003.png"
+    (study_copy / gone).unlink()
+    man["files"][gone] = "0" * 64
     man["study_id"] = rating.sha256_bytes(json.dumps({"settings": man["settings"], "files": man["files"]},
                                                      sort_keys=True).encode())[:16]
     (study_copy / "manifest.json").write_text(json.dumps(man))
-    with pytest.raises(StudyError, match="differ from the study's.*new folder"):
-        rating.build_study(study_copy, [f"greedy@{tiny_weights}", f"eps=255:k=10@{tiny_weights}", "real"],
-                           data=celeba_npz, n_faces=N_FACES, n_practice=N_PRACTICE, threads=1,
-                           progress=False, log=lambda *a: None)
+    before = stamps()
+    with pytest.raises(StudyError, match="1 image.*differ from the study's.*not written.*new folder"):
+        rating.build_study(study_copy, **args, log=lambda *a: None)
+    assert stamps() == before and not (study_copy / gone).exists()
 
 
 # ---------------------------------------------------------------- rater sessions (library)
@@ -583,4 +588,9 @@ def test_analysis_reports_percent_fooled_and_the_speculative_check():
     assert row and abs(float(row.group(1)) - 100 * (1 - photo["rate"])) < 0.051, md
     assert float(row.group(2)) < 20 < float(row.group(3))
     assert "## Check of the method" in md and f"- {sample} vs {plain}: " in md
+    # before any judgment: the comparison with the photo is there, its judgments are not
+    empty = rating.analyze_judgments([], comps, n_boot=10)
+    assert "(no judgments yet of a model output against the real photo)" in rating.fooled_table(empty)
+    none = rating.analyze_judgments([], [(sample, plain)], n_boot=10)
+    assert "(no comparison of a model output against the real photo in this study)" in rating.fooled_table(none)
     assert "(no comparison of a k>1 condition against greedy" in md  # samples are not Table 3 rows

@@ -153,27 +153,30 @@ def test_interrupt_then_skip_existing(tmp_path, fast, capsys, monkeypatch, rng):
     assert all(int(r["calls"]) > 0 for r in rows)
 
 
-def test_a_photo_stopped_between_its_faces_is_redone_on_resume(tmp_path, fast, capsys, monkeypatch, rng):
-    """--faces all writes a photo's faces together, face 0 last: a run stopped after a batch
-    that decoded only one of a photo's faces leaves none of them, so --skip-existing (which takes
-    a photo whose face 0 is there for done) finishes it."""
+def test_a_stop_finishes_the_photo_begun_and_its_faces_are_written_together(tmp_path, fast, capsys, monkeypatch, rng):
+    """--faces all writes a photo's faces together, face 0 last (--skip-existing takes a photo
+    whose face 0 is there for done). A Ctrl-C during a batch that decoded one of a photo's two
+    faces finishes that photo, then stops before the next file."""
     src, out, met = tmp_path / "in", tmp_path / "out", tmp_path / "m.csv"
     src.mkdir()
     two_faces().save(src / "pair.png")
+    save(src / "z.png", tiny8(rng))
     monkeypatch.setattr(upscale, "after_batch", lambda s: signal.raise_signal(signal.SIGINT))
     args = [str(src), "-o", str(out), "--faces", "all", "--metrics", str(met), "--batch-size", "1"] + fast
     assert main(args) == 130
-    assert "not processed 1 (interrupted: rerun with --skip-existing" in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == [] and leftovers(tmp_path) == []
+    assert "done 1, skipped 0 (already there), failed 0, not processed 1" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png"]
+    assert leftovers(tmp_path) == []
     monkeypatch.setattr(upscale, "after_batch", lambda s: None)
     assert main(args + ["--skip-existing"]) == 0
-    assert "done 1, skipped 0" in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png"]
-    # resumed again: both rows kept, face 1's found by its file
+    assert "done 1, skipped 1" in capsys.readouterr().out
+    # a gap among a photo's face files: the rows of every face file there are kept on resume
+    (out / "pair_face1.png").rename(out / "pair_face2.png")
     assert main(args + ["--skip-existing"]) == 0
-    assert "done 0, skipped 1" in capsys.readouterr().out
+    capsys.readouterr()
     with open(met, newline="") as f:
-        assert sorted(Path(r["output"]).name for r in csv.DictReader(f)) == ["pair_face0.png", "pair_face1.png"]
+        assert sorted(Path(r["output"]).name for r in csv.DictReader(f)) == [
+            "pair_face0.png", "pair_face2.png", "z_face0.png"]
 
 
 def test_a_metrics_file_that_cannot_be_written_loses_no_output(tmp_path, fast, capsys, monkeypatch, rng):
@@ -195,6 +198,26 @@ def test_a_metrics_file_that_cannot_be_written_loses_no_output(tmp_path, fast, c
     assert cap.err.count("warning: metrics file") == 1
     assert "metrics NOT written" in cap.out and "No space left on device" in cap.out
     assert sorted(p.name for p in out.iterdir()) == ["x1.png", "x2.png"]
+
+
+def test_the_first_line_says_what_the_run_leaves_out(tmp_path, capsys, rng):
+    """The count of inputs, an OUTDIR inside an input folder (not searched) and inputs without a
+    ground truth are said before any work."""
+    src, gt = tmp_path / "in", tmp_path / "gt"
+    save(src / "a.png", tiny8(rng))
+    save(gt / "other.png", tiny8(rng))
+    capsys.readouterr()
+    assert main([str(src), "-o", str(src / "res"), "--ground-truth", str(gt), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert f"1 image under {src}" in err and f"OUTDIR {src / 'res'}, inside an input folder, is not searched" in err
+    assert "no ground truth in" in err and "for 1 of 1 inputs" in err
+
+
+def test_a_stop_that_leaves_nothing_undone_is_not_an_interrupted_run():
+    s = upscale.Summary(total=2, done=2, interrupted=True, blocks=[1.0, 1.0], calls=[3072, 3072])
+    assert s.exit_code == 0 and not any("not processed" in line for line in s.lines("greedy"))
+    assert "3072 model calls per image" in s.lines("greedy")[-1] and "fewer than greedy" not in s.lines("greedy")[-1]
+    assert upscale.Summary(total=3, done=2, interrupted=True).exit_code == 130
 
 
 def test_shards_cover_each_input_once(tmp_path, capsys, monkeypatch, rng):
@@ -247,8 +270,13 @@ def test_planning_rules(tmp_path, capsys, rng):
     (lambda t: [str(t / "a"), "-o", str(t / "a" / "x.png" / "out")], "OUTDIR"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--metrics", str(t / "a" / "x.png" / "m.csv")],
      "--metrics folder"),
+    (lambda t: (t.joinpath("m.csv").mkdir(), [str(t / "a"), "-o", str(t / "out"), "--metrics", str(t / "m.csv")])[1],
+     "is a folder"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--threads", "-1"], "--threads must be >= 0"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "greedy", "--k", "4"], "greedy decoding takes one"),
 ])
-def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, rng, extra, message):
+def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, extra, message):
+    monkeypatch.setattr(upscale, "decode_batch", lambda *a, **k: pytest.fail("decoded before refusing"))
     save(tmp_path / "a" / "x.png", tiny8(rng))
     args = extra(tmp_path)
     assert main(args + ([] if "--weights" in args else ["--weights", tiny_weights])) == 2
@@ -398,18 +426,26 @@ def test_symlink_loop_is_reported_and_skipped(tmp_path, fast, capsys, rng):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ok.png"]
 
 
-def test_globs_do_not_follow_folder_symlinks(tmp_path, capsys, rng):
-    """Python's ** follows folder symlinks, loops included (one loop made dozens of copies of each
-    input); the command does not, for globs as for folders."""
-    src = tmp_path / "in"
-    save(src / "a.png", tiny8(rng))
-    save(src / "sub" / "b.png", tiny8(rng))
-    (src / "sub" / "up").symlink_to("..")  # a loop
-    (src / "link").symlink_to("sub")  # a second way to sub/b.png
+def test_globs_match_as_glob_does_but_double_star_follows_no_folder_symlink(tmp_path, capsys, rng, monkeypatch):
+    """Python's ** follows folder symlinks, loops included: a loop lists every file below it
+    dozens of times over. The command's ** does not (as its folder scans do not); one wildcard
+    still matches through a linked folder, and on a tree without links every pattern matches
+    what glob.glob matches."""
+    import glob as globlib
+    monkeypatch.chdir(tmp_path)
+    for f in ["in/a.png", "in/sub/b.png", "in/sub/deep/c.png", "in/.hid/d.png", "in/sub/.e.png", "other/f.png"]:
+        save(Path(f), tiny8(rng))
+    patterns = ["in/**/*.png", "in/**", "in/**/", "**/*.png", "in/*/", "in/**.png", "in/*/*.png",
+                "in/**/deep/*.png", "*/**/c.png", "in/sub/.*.png", str(tmp_path / "in" / "**" / "*.png")]
+    for p in patterns:
+        assert upscale._glob(p) == sorted(Path(m) for m in globlib.glob(p, recursive=True)), p
+    (tmp_path / "in" / "sub" / "up").symlink_to("..")  # a loop
+    (tmp_path / "in" / "link").symlink_to("../other")
     out = tmp_path / "out"
-    by_folder = [i for _, i, _ in dry_run(capsys, [str(src), "-o", str(out)])]
-    by_glob = [i for _, i, _ in dry_run(capsys, [str(src / "**" / "*.png"), "-o", str(out)])]
-    assert by_glob == by_folder == [str(src / "a.png"), str(src / "sub" / "b.png")]
+    by_folder = [i for _, i, _ in dry_run(capsys, ["in", "-o", str(out)])]  # hidden files too
+    by_glob = [i for _, i, _ in dry_run(capsys, ["in/**/*.png", "-o", str(out)])]
+    assert by_glob == [i for i in by_folder if "/." not in i] == ["in/a.png", "in/sub/b.png", "in/sub/deep/c.png"]
+    assert [i for _, i, _ in dry_run(capsys, ["in/*/*.png", "-o", str(out)])] == ["in/link/f.png", "in/sub/b.png"]
 
 
 def test_each_file_symlink_gets_its_own_output(tmp_path, capsys, rng):
@@ -540,6 +576,7 @@ def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, 
     rows = {Path(r["output"]).name: r for r in json.loads((tmp_path / "m.json").read_text())["images"]}
     p0, p1 = rows["pair_face0_face0.png"], rows["pair_face0_face1.png"]
     assert (p0["face"], p1["face"], p0["framing"], rows["wall_face0.png"]["framing"]) == (0, 1, "detected", "centre square")
+    assert rows["tiny_face0.png"]["framing"] == "as is"  # the value docs/upscale.md names
     assert p0["box"][2] - p0["box"][0] > p1["box"][2] - p1["box"][0] and p1["box"][0] > 512
     # resumed: every face's row of the earlier run is kept, not only face 0's
     assert main([str(src), "-o", str(out), "--faces", "all", "--paste-back", "--compare", "--skip-existing",
