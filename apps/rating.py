@@ -158,7 +158,7 @@ def cmd_serve(a) -> int:
 
     from . import check_port
     check_port(a.host, a.port)
-    service = RatingService(open_study(a.study), a.db, a.trials)
+    service = RatingService(open_study(a.study), a.db, a.trials, a.min_answer_ms)
     token = a.admin_token or os.environ.get("SR_BLOCKWISE_ADMIN_TOKEN") or secrets.token_urlsafe(16)
     if a.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {a.host}: anyone who can reach it can rate", file=sys.stderr)
@@ -190,7 +190,7 @@ def cmd_analyze(a) -> int:
 
 
 def register(sub) -> None:
-    from sr_blockwise.rating import DEFAULT_CONDITIONS, DEFAULT_QUESTION, FINETUNED, FROZEN
+    from sr_blockwise.rating import DEFAULT_CONDITIONS, DEFAULT_QUESTION, FINETUNED, FROZEN, MIN_ANSWER_MS
 
     p = sub.add_parser("rate", help="human pairwise rating study (paper Table 3): build, serve, analyze")
     rs = p.add_subparsers(dest="rate_command", required=True, metavar="{build,serve,analyze}")
@@ -222,6 +222,9 @@ def register(sub) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=7861)
     s.add_argument("--trials", type=int, default=100, help="pairs per rater (0: every pair of the study)")
+    s.add_argument("--min-answer-ms", type=int, default=MIN_ANSWER_MS,
+                   help="answers sooner than this after their pair appeared are refused as double presses "
+                        "(nothing recorded; the pair stays)")
     s.add_argument("--admin-token", default=None,
                    help="token for the results tab (default: $SR_BLOCKWISE_ADMIN_TOKEN or a random one, printed)")
     s.set_defaults(func=cmd_serve)

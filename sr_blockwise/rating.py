@@ -714,16 +714,25 @@ class Shown:
     token: str  # names this showing: an answer must quote it (a late second click cannot answer the next pair)
 
 
+# An answer sooner than this after its pair was sent is a double press or a bouncing key, not a
+# judgment: the server answers in ~10 ms, so a second press 30-400 ms after the first lands on
+# the next pair. Refused, nothing recorded; the pair waits for a real answer.
+MIN_ANSWER_MS = 500
+
+
 class RatingService:
     """What the rater app does, without the web page: start a rater, show the next pair, record
     an answer. A session's state is a plain dict held by the caller (the app keeps it per tab)."""
 
-    def __init__(self, study: Study, db_path=None, trials_per_rater: int | None = 100):
+    def __init__(self, study: Study, db_path=None, trials_per_rater: int | None = 100,
+                 min_answer_ms: int = MIN_ANSWER_MS):
         self.study = study
         self.db = RatingDB(db_path or study.folder / "ratings.sqlite", study.study_id)
         if trials_per_rater is not None and trials_per_rater < 0:
             raise StudyError(f"trials per rater must be >= 0 (0: the whole plan), got {trials_per_rater}")
-        self.trials_per_rater = trials_per_rater
+        if min_answer_ms < 0:
+            raise StudyError(f"the shortest answer time must be >= 0 ms, got {min_answer_ms}")
+        self.trials_per_rater, self.min_answer_ms = trials_per_rater, min_answer_ms
 
     def target(self, seed: int) -> int:
         n = len(self.study.plan(seed))
@@ -796,6 +805,9 @@ class RatingService:
         if token is not None and token != p["token"]:
             raise RatingError("that answer was for a pair no longer on screen; nothing recorded")
         rt_ms = int(round((time.monotonic() - p["shown_mono"]) * 1000))
+        if rt_ms < self.min_answer_ms:  # the pair stays on screen, waiting for a real answer
+            raise RatingError(f"Too quick: that came {rt_ms} ms after the pair appeared (a double press?), "
+                              "so nothing was recorded. Compare the two faces, then choose.")
         if p["practice"]:
             state["pending"] = None
             state["practice"] = p["index"] + 1

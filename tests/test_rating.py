@@ -132,13 +132,34 @@ def test_build_restores_a_complete_study(study_dir, study_copy, tiny_weights, ce
 
 # ---------------------------------------------------------------- rater sessions (library)
 
+def test_an_answer_sooner_than_a_person_could_compare_is_refused(study_copy):
+    """A double press lands on the next pair ~10 ms after the first answer: an answer within
+    min_answer_ms of its pair is refused, nothing is recorded, and the pair waits for a real one."""
+    st = rating.open_study(study_copy)
+    svc = RatingService(st, trials_per_rater=0, min_answer_ms=300)
+    s = svc.begin("quick", consent=True)
+    while svc.show(s).trial.practice:
+        time.sleep(0.31)
+        svc.answer(s, "left")
+    time.sleep(0.31)
+    assert svc.answer(s, "left").startswith("Recorded")
+    shown = svc.show(s)
+    with pytest.raises(RatingError, match="Too quick.*nothing was recorded"):
+        svc.answer(s, "right", token=shown.token)
+    assert len(svc.db.judgments()) == 1 and s["pending"]["token"] == shown.token
+    time.sleep(0.31)
+    assert svc.answer(s, "right", token=shown.token) == "Recorded answer 2."
+    with pytest.raises(StudyError, match=">= 0 ms"):
+        RatingService(st, min_answer_ms=-1)
+
+
 def test_plan_resume_and_limits(study_copy):
     st = rating.open_study(study_copy)
     plan = st.plan(st.rater_seed("r1"))
     assert len(plan) == 2 * N_FACES + 1 and sum(t.attention for t in plan) == 1
     assert len({t.pair for t in plan}) == len(plan)
     assert plan != st.plan(st.rater_seed("r2"))  # order / sides differ per rater
-    svc = RatingService(st, trials_per_rater=6)
+    svc = RatingService(st, trials_per_rater=6, min_answer_ms=0)
     s = svc.begin("r1", consent=True)
     assert svc.db.rater("r1")[0] == st.rater_seed("r1")  # the seed is recorded
     for _ in range(N_PRACTICE):
@@ -179,7 +200,7 @@ def test_bad_input_messages(study_dir, study_copy, tmp_path):
     with pytest.raises(StudyError, match="no study folder"):
         rating.open_study(tmp_path / "nope")
     st = rating.open_study(study_copy)
-    svc = RatingService(st)
+    svc = RatingService(st, min_answer_ms=0)
     with pytest.raises(RatingError, match="consent"):
         svc.begin("newbie", consent=False)
     with pytest.raises(RatingError, match="rater id"):
@@ -229,7 +250,7 @@ def test_a_failed_write_keeps_the_pair_waiting(study_copy):
     rater gets a clear message, the pair stays on screen and waiting, and the same click stored
     once the disk works again. A negative trial count is refused."""
     st = rating.open_study(study_copy)
-    svc = RatingService(st)
+    svc = RatingService(st, min_answer_ms=0)
     s = svc.begin("r1", consent=True)
     s["practice"] = N_PRACTICE
     shown = svc.show(s)
@@ -249,7 +270,7 @@ def test_a_failed_write_keeps_the_pair_waiting(study_copy):
 
 
 def _rater_worker(folder, db, rater, q):
-    svc = RatingService(rating.open_study(folder), db, trials_per_rater=0)
+    svc = RatingService(rating.open_study(folder), db, trials_per_rater=0, min_answer_ms=0)
     s = svc.begin(rater, consent=True)
     s["practice"] = N_PRACTICE
     acks = 0
@@ -332,7 +353,7 @@ def test_analyze_recovers_known_preference(tmp_path):
 
 def test_analyze_command_on_study(study_copy, tmp_path, capsys):
     st = rating.open_study(study_copy)
-    svc = RatingService(st, trials_per_rater=0)
+    svc = RatingService(st, trials_per_rater=0, min_answer_ms=0)
     for rater in ("x", "y"):
         s = svc.begin(rater, consent=True)
         s["practice"] = N_PRACTICE
@@ -404,6 +425,7 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
 
             def answer(side, how, expect):
                 m = re.search(r"(Practice|Pair) (\d+) of", banner.inner_text())
+                page.wait_for_timeout(rating.MIN_ANSWER_MS + 100)  # a look at the pair first
                 if how == "key":
                     page.locator("body").click(position={"x": 5, "y": 5})  # focus off the text box
                     page.keyboard.press("ArrowLeft" if side == "left" else "ArrowRight")
@@ -427,6 +449,7 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
             answer("right", "key", "Pair 2 of 6")
             answer("left", "mouse", "Pair 3 of 6")
             # both buttons pressed before the answer comes back: one answer counts, not two
+            page.wait_for_timeout(rating.MIN_ANSWER_MS + 100)
             page.evaluate("() => { document.getElementById('pick-left').click();"
                           " document.getElementById('pick-right').click(); }")
             page.wait_for_selector("#banner >> text=Pair 4 of 6")
@@ -435,11 +458,22 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
             rows = rating.RatingDB(study_copy / "ratings.sqlite", rating.open_study(study_copy).study_id).judgments()
             assert len(rows) == 3 and rows[-1]["trial"] == 2
             pressed.append((3, rows[-1]["chosen_side"]))
+            # a double press at a person's speed: its second press lands on the next pair, too
+            # soon to be a judgment of it, and is refused with a message
+            page.wait_for_timeout(rating.MIN_ANSWER_MS + 100)
+            page.locator("body").click(position={"x": 5, "y": 5})
+            page.keyboard.press("ArrowRight")
+            page.wait_for_timeout(150)
+            page.keyboard.press("ArrowLeft")
+            page.wait_for_selector("#banner >> text=Pair 5 of 6")
+            page.wait_for_selector("#status >> text=Too quick")
+            assert banner.inner_text().startswith("Pair 5 of 6")
+            pressed.append((4, "right"))
 
-            page.reload()  # reload: back to the start page; same id resumes at pair 4, no practice
+            page.reload()  # reload: back to the start page; same id resumes at pair 5, no practice
             start(url)
-            assert banner.inner_text().startswith("Pair 4 of 6")
-            answer("right", "mouse", "Pair 5 of 6")
+            assert banner.inner_text().startswith("Pair 5 of 6")
+            answer("right", "mouse", "Pair 6 of 6")
             server.send_signal(signal.SIGKILL)  # right after the acknowledgement
             server.wait(10)
             rows = rating.RatingDB(study_copy / "ratings.sqlite", rating.open_study(study_copy).study_id).judgments()
@@ -448,8 +482,7 @@ def test_browser_session_resume_and_kill(study_copy, tmp_path):
             port = _free_port()
             server = _serve(study_copy, port, log)
             start(f"http://127.0.0.1:{port}/")
-            assert banner.inner_text().startswith("Pair 5 of 6")
-            answer("left", "key", "Pair 6 of 6")
+            assert banner.inner_text().startswith("Pair 6 of 6")
             answer("right", "mouse", "done")
             page.wait_for_selector("#done-msg >> text=answered 6 of 6")
             # the results tab needs the admin token
