@@ -26,6 +26,7 @@ from sr_blockwise.live import (DECODE_THREADS, FILL, GREEDY_CALLS, TITLES, Frame
 
 # ---------------------------------------------------------------- the page
 
+UPLOAD_MB = 64  # the largest upload the page takes
 CSS = """
 .pixelated img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
 .examples img { image-rendering: pixelated; }
@@ -97,7 +98,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=3):
-                photo = gr.File(label="Photo (JPEG, PNG, WebP, BMP; any size) or an 8x8 image",
+                photo = gr.File(label=f"Photo (JPEG, PNG, WebP, BMP; up to {UPLOAD_MB} MB) or an 8x8 image",
                                 file_count="single", type="filepath", elem_id="photo", height=110)
                 ex_gallery = gr.Gallery([(p, e.caption) for p, e in zip(ex_paths, examples)],
                                         label="Built-in examples (click one)", columns=7, height=125,
@@ -275,7 +276,7 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, max_queue=16, prevent
     demo.queue(max_size=max_queue, default_concurrency_limit=1)
     return demo.launch(server_name=host, server_port=port, share=share, css=CSS,
                        prevent_thread_lock=prevent_thread_lock, quiet=quiet, show_error=False,
-                       max_file_size="64mb", allowed_paths=[demo.example_dir], ssr_mode=False,
+                       max_file_size=f"{UPLOAD_MB}mb", allowed_paths=[demo.example_dir], ssr_mode=False,
                        mcp_server=False, pwa=False, footer_links=["api", "settings"])
 
 

@@ -220,6 +220,17 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         label = "cpu preset, random weights"
     if prior_weight is None:
         prior_weight = default_prior_weight(fp32)
+    # bad arguments refused before minutes of measuring
+    for name, v in (("--images", n_images), ("--reps", reps), ("--batch-size", min(batches))):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    heads = fp32.cfg.n_blockwise
+    if any(not 1 <= k <= heads for k in ks):
+        raise ValueError(f"--k {','.join(map(str, ks))}: these weights have {heads} blockwise heads, "
+                         f"so each k must be in 1..{heads}")
+    for k in ks:
+        for mode in ("exact", "eps=2"):
+            parse_mode(mode, k, prior_weight)  # e.g. a negative prior weight
     model = _copy_for(fp32, getattr(torch, dtype))
     print(f"# bench-decode: {label}; {machine()}; input guidance (prior weight) {prior_weight:g}")
     print(f"\n## Cost of one call vs tokens verified per image (the fastest of 3 rounds' medians of max(15, {reps} / "

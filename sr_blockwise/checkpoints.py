@@ -89,20 +89,32 @@ def read_card(json_path: Path) -> dict:
     return card
 
 
+def read_checkpoint(path: Path) -> dict:
+    """A training checkpoint's contents, loaded weights-only: plain tensors and numbers, never
+    pickled objects. WeightsError, with a one-line reason, for anything else."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt, cut short, or holding objects weights_only refuses to unpickle
+        # torch's own message for these runs long and advises weights_only=False, which would
+        # run whatever code the file holds: never for a file that fails here
+        why = ("corrupt, or not a checkpoint of this project: it is not plain tensors and numbers"
+               if isinstance(e, pickle.UnpicklingError) else f"{type(e).__name__}: {e}")
+        raise WeightsError(f"{path}: not a usable training checkpoint ({why})") from None
+    if not isinstance(ck, dict) or "model" not in ck or "model_config" not in ck:
+        raise WeightsError(f"{path}: not a training checkpoint of this project (no model and config in it)")
+    return ck
+
+
 def load_model(name_or_path: str | Path = DEFAULT_WEIGHTS, dtype: torch.dtype = torch.bfloat16,
                device: str = "cpu", for_inference: bool = True, expect: ModelConfig | None = None,
                verify_sha: bool = True) -> ImageTransformerSR:
     path = resolve(name_or_path)
     if path.suffix == ".pt":  # a resumable training checkpoint
+        ck = read_checkpoint(path)
         try:
-            ck = torch.load(path, map_location="cpu", weights_only=True)
             cfg, state = ModelConfig.from_dict(ck["model_config"]), ck["model"]
-        except Exception as e:  # corrupt, or holding objects weights_only refuses to unpickle
-            # torch's own message for these runs long and advises weights_only=False, which would
-            # run whatever code the file holds: never for a file that fails here
-            why = ("corrupt, or not a checkpoint of this project: it is not plain tensors and numbers"
-                   if isinstance(e, pickle.UnpicklingError) else f"{type(e).__name__}: {e}")
-            raise WeightsError(f"{path}: not a usable training checkpoint ({why})") from None
+        except Exception as e:
+            raise WeightsError(f"{path}: not a usable training checkpoint ({type(e).__name__}: {e})") from None
     else:
         card = read_card(path)
         st = path.parent / card["file"]

@@ -304,7 +304,8 @@ def final_markdown(mode: str, opts, s: dict) -> str:
              f"model calls **{s['calls']:,}** (greedy: {GREEDY_CALLS:,}) → **{s['speedup_calls']:.1f}x fewer** · "
              f"mean block **{s['mean_block']:.2f}** · **{s['seconds']:.2f} s**"]
     if "speedup_wall" in s:
-        lines.append(f"wall clock vs greedy run here: **{s['speedup_wall']:.1f}x**")
+        lines.append(f"wall clock vs greedy run here: **{s['speedup_wall']:.1f}x** (one run each, while the page "
+                     "draws frames: single runs vary widely; `sr-blockwise bench-decode` measures speed)")
     if "identical_to_greedy" in s:
         lines.append("identical to greedy: **" + ("yes" if s["identical_to_greedy"] else "no") + "**")
     if "differs_from_exact" in s:

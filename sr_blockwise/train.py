@@ -28,6 +28,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -215,8 +216,9 @@ def save_checkpoint(path: Path, model: ImageTransformerSR, opt, step: int, cfg: 
 
 
 def load_checkpoint(path: Path) -> dict:
-    # weights_only: a checkpoint is plain tensors and numbers, never arbitrary pickled objects
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """checkpoints.read_checkpoint: weights-only, a one-line reason for a corrupt or cut-short file."""
+    from .checkpoints import read_checkpoint
+    return read_checkpoint(path)
 
 
 GROWABLE = ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft")  # what a warm start may add
@@ -341,7 +343,9 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     faces = load_faces(cfg.data)
     train_set, val_set = faces.part("train"), faces.part("val")
     if len(train_set) == 0:
-        raise ValueError(f"{cfg.data or 'default data'}: the training split is empty")
+        raise ValueError(f"{cfg.data or 'default data'}: the training split is empty (a folder of photos, and an "
+                         ".npz prepared from one, has no partition labels and is all held-out test faces: "
+                         "train on CelebA with its list_eval_partition.txt, or an .npz prepared from it)")
     train_imgs, train_lr = train_set.images, downsample_8(train_set.images)
     if cfg.distill:  # distillation: inputs stay the real 8x8, targets are the base model's outputs
         with np.load(cfg.distill, allow_pickle=False) as d:
@@ -499,10 +503,19 @@ def deterministic_algorithms():
 RESUME_KEYS = ("preset", "stage", "data", "distill", "batch_size", "seed", "head_loss", "eval_images")
 
 
+# settings a resumed run may change, said when it does: the schedule and the losses' weights
+RETUNABLE_KEYS = ("lr", "warmup", "schedule_offset", "weight_decay", "head_frac", "head_weight", "head_window")
+
+
 def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
     diff = {k: (saved.get(k), getattr(cfg, k)) for k in RESUME_KEYS if saved.get(k) != getattr(cfg, k)}
     if diff:
         raise ValueError(f"{path}: cannot resume with different settings (checkpoint, now): {diff}")
+    changed = [f"{k} {saved[k]} -> {getattr(cfg, k)}" for k in RETUNABLE_KEYS
+               if k in saved and saved[k] != getattr(cfg, k)]
+    if changed:
+        print(f"note: resuming {path} with other settings than it was trained with: {', '.join(changed)}",
+              file=sys.stderr)
 
 
 def _should_stop(local: bool, ddp: bool, device: str = "cpu") -> bool:

@@ -63,6 +63,20 @@ def test_bench_decode_refuses_a_negative_thread_count():
         args.func(args)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--k", "11"], "10 blockwise heads, so each k must be in 1..10"),
+    (["--k", "0"], "each k must be in 1..10"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--images", "0"], "--images must be >= 1"),
+    (["--prior-weight", "-1"], "prior_weight must be a number >= 0"),
+])
+def test_bench_decode_refuses_bad_arguments_before_measuring(monkeypatch, argv, message):
+    from sr_blockwise import bench
+    from sr_blockwise.cli import main
+    monkeypatch.setattr(bench, "call_cost_table", lambda *a, **k: pytest.fail("measured before refusing"))
+    assert main(["bench-decode", "--json", "", "--torch-images", "0"] + argv) == 2
+
+
 def test_train_throughput_counts_flops():
     r = train_throughput("tiny", batch=2, steps=1)
     assert r["gflop_per_image"] > 0.1 and 0 < r["fraction_of_matmul_rate"] < 1

@@ -109,3 +109,17 @@ def test_cards_name_no_folder_of_the_machine_that_made_them(tmp_path, monkeypatc
     assert portable_path("/elsewhere/scratch.x1/faces.npz") == "scratch.x1/faces.npz"
     assert portable_path("weights/cpu-frozen.json") == "weights/cpu-frozen.json"
     assert portable_path(None) is None
+
+
+def test_export_refuses_what_is_not_a_training_checkpoint(tmp_path, tiny_weights, capsys):
+    from sr_blockwise.cli import main
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(bytes(range(256)) * 8)
+    for argv, message in [([str(junk), "--name", "j"], "not a usable training checkpoint (corrupt"),
+                          ([tiny_weights, "--name", "j"], "export takes a training checkpoint (.pt)"),
+                          ([str(junk), "--name", "../j"], "a file name, without folders"),
+                          (["no-such-run", "--name", "j"], "no checkpoint at no-such-run")]:
+        assert main(["export", *argv, "--out-dir", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and "weights_only" not in err, err
+    assert not (tmp_path / "out").exists()

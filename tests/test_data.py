@@ -117,8 +117,16 @@ def test_prepare_from_a_folder_skips_bad_files(tmp_path, capsys):
     assert main(["prepare", str(src), "-o", str(out), "--quiet"]) == 0
     faces = load_faces(out)
     assert len(faces) == 2
-    assert "skipped 1" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "skipped 1" in said and "no partition labels, so all are held-out test faces" in said
     assert main(["prepare", str(tmp_path / "missing"), "-o", str(out)]) == 2
+    assert main(["prepare", str(src), "-o", str(tmp_path / "out.txt")]) == 2
+    assert "must end in .npz" in capsys.readouterr().err
+    assert main(["prepare", str(src), "-o", str(out), "--quiet"]) == 0
+    assert "(replacing the file there)" in capsys.readouterr().out
+    # training on it says why it cannot
+    assert main(["train", "--preset", "tiny", "--run", "t", "--data", str(out), "--max-steps", "1"]) == 2
+    assert "no partition labels and is all held-out test faces" in capsys.readouterr().err
 
 
 def test_celeba_folder_part_filters_before_reading(celeba_npz):

@@ -102,6 +102,13 @@ def test_bad_mode_and_weights_fail_cleanly(tiny_weights, tmp_path, capsys):
     assert "same name" in capsys.readouterr().err
 
 
+def test_ks_beyond_every_weights_heads_are_refused_not_an_empty_table(tiny_weights, celeba_npz, tmp_path, capsys):
+    """One k beyond the heads is skipped with a note (the smoke run has one); all of them: refused."""
+    assert main(["evaluate", "--weights", tiny_weights, "--data", str(celeba_npz), "-n", "1", "--k", "11,12",
+                 "--modes", "exact", "--out", str(tmp_path / "ev"), "--quiet"]) == 2
+    assert "--k 11,12: the weights have at most 10 blockwise heads" in capsys.readouterr().err
+
+
 def test_checkpoints_are_named_by_their_run():
     assert ev.weights_name(Path("/c/cpu-distill-sum/last.pt")) == "cpu-distill-sum/last"
     assert ev.weights_name(Path("weights/cpu-frozen.json")) == "cpu-frozen"

@@ -51,6 +51,19 @@ def test_loss_falls_and_resume_continues_exactly(small_data, tmp_path, monkeypat
         train(cfg(small_data, "a", max_steps=20, batch_size=2), resume=True, progress=False)
 
 
+def test_resume_refuses_a_cut_short_checkpoint_and_notes_a_changed_schedule(small_data, tmp_path, monkeypatch, capsys):
+    from sr_blockwise.checkpoints import WeightsError
+    monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
+    train(cfg(small_data, "a", max_steps=2), progress=False)
+    capsys.readouterr()
+    train(cfg(small_data, "a", max_steps=3, lr=0.01), resume=True, progress=False)
+    assert "with other settings than it was trained with: lr" in capsys.readouterr().err
+    last = tmp_path / "cache/a/last.pt"
+    last.write_bytes(last.read_bytes()[:5000])  # a full disk or a killed copy
+    with pytest.raises(WeightsError, match="last.pt: not a usable training checkpoint"):
+        train(cfg(small_data, "a", max_steps=4), resume=True, progress=False)
+
+
 def test_losses_are_logged_every_10_steps_and_the_best_validated_checkpoint_kept(small_data, tmp_path, monkeypatch):
     """Losses are read every 10 steps, not every step (each read waits for a GPU to finish), with
     one log row each and none repeated; the result is of the last step. With validation at every

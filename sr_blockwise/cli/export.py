@@ -27,14 +27,21 @@ def cmd_export(a):
     """Training checkpoint -> shipped weights, with held-out scores in the config."""
     import torch
 
-    from ..checkpoints import WEIGHTS_DIR, load_model, save_weights
+    from ..checkpoints import WEIGHTS_DIR, load_model, read_checkpoint, save_weights
     from ..data import load_faces
     from ..train import CACHE_DIR, bits_per_dim
 
+    if not a.name or Path(a.name).name != a.name or a.name in (".", ".."):
+        raise ValueError(f"--name {a.name!r}: a file name, without folders (--out-dir says where)")
     ck = Path(a.checkpoint)
     if not ck.exists():
         ck = CACHE_DIR / a.checkpoint / "last.pt"
-    ckpt = torch.load(ck, map_location="cpu", weights_only=True)
+        if not ck.exists():
+            raise FileNotFoundError(f"no checkpoint at {a.checkpoint} and no run named so in {CACHE_DIR}")
+    if ck.suffix != ".pt":
+        raise ValueError(f"{ck}: export takes a training checkpoint (.pt) or a run name; "
+                         "shipped weights (.json) are exported already")
+    ckpt = read_checkpoint(ck)
     model = load_model(ck, dtype=torch.float32, for_inference=False).eval()
     faces = load_faces(a.data)
     test = faces.part("test").images[: a.eval_images]

@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from .. import metrics
-from ..checkpoints import load_model, read_card, resolve, sha256_of
+from ..checkpoints import load_model, read_card, read_checkpoint, resolve, sha256_of
 from ..cli.export import portable_path  # results name no folder of the machine that made them
 from ..data import DEFAULT_DATA, downsample_8, load_faces, to_tokens
 from ..decoding import DecodeOptions, decode, exact_block_stats, greedy_uncached, pooled_block_hist
@@ -246,8 +246,8 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     # the work list, for one progress bar over all decodes
     plan = []
     for (spec, forced), path in zip(specs, paths):
-        card = read_card(path) if path.suffix == ".json" else {"config": torch.load(
-            path, map_location="cpu", weights_only=True)["model_config"], "meta": {}}
+        card = read_card(path) if path.suffix == ".json" else {"config": read_checkpoint(path)["model_config"],
+                                                               "meta": {}}
         K = card["config"].get("n_blockwise", 1)
         jobs = []
         for k in ks:
@@ -259,6 +259,10 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
                 else:
                     jobs.append((k, m))
         plan.append((path, forced, card, jobs))
+    heads = max(card["config"].get("n_blockwise", 1) for _, _, card, _ in plan)
+    if blockwise and min(ks) > heads:  # no blockwise row at all: refused, not an empty table
+        raise ValueError(f"--k {','.join(map(str, ks))}: the weights have at most {heads} blockwise heads, "
+                         f"so some k must be at most {heads} (a larger one is skipped with a note)")
     n_exact = n if cfg.decode_exact is None else min(n, cfg.decode_exact)
     n_approx = n if cfg.decode_approx is None else min(n, cfg.decode_approx)
     total = sum(n + sum(n_exact if m.options(k).is_exact else n_approx for k, m in jobs) for *_, jobs in plan)
