@@ -224,7 +224,7 @@ def register(sub) -> None:
     s.add_argument("--trials", type=int, default=100, help="pairs per rater (0: every pair of the study)")
     s.add_argument("--min-answer-ms", type=int, default=MIN_ANSWER_MS,
                    help="answers sooner than this after their pair appeared are refused as double presses "
-                        "(nothing recorded; the pair stays)")
+                        "(nothing recorded; the pair stays); default %(default)s, 0: off")
     s.add_argument("--admin-token", default=None,
                    help="token for the results tab (default: $SR_BLOCKWISE_ADMIN_TOKEN or a random one, printed)")
     s.set_defaults(func=cmd_serve)

@@ -44,17 +44,18 @@ def compact_state_dict(state: dict) -> dict:
 
 
 def save_weights(model: ImageTransformerSR, out: str | Path, meta: dict | None = None) -> Path:
-    """Write out.safetensors and out.json; returns the .json path."""
+    """Write out.safetensors and out.json; returns the .json path. The name is kept whole
+    (cpu-frozen.v2 -> cpu-frozen.v2.json, not cpu-frozen.json)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    st = out.with_suffix(".safetensors")
+    st = out.with_name(out.name + ".safetensors")
     tensors = {k: v.detach().float().contiguous().cpu() for k, v in model.state_dict().items()}
     tmp = st.with_suffix(".tmp")
     save_file(tensors, str(tmp))
     os.replace(tmp, st)
     card = {"name": out.name, "config": model.cfg.to_dict(), "sha256": sha256_of(st),
             "file": st.name, "meta": meta or {}}
-    js = out.with_suffix(".json")
+    js = out.with_name(out.name + ".json")
     js.write_text(json.dumps(card, indent=1) + "\n")
     return js
 

@@ -806,8 +806,9 @@ class RatingService:
             raise RatingError("that answer was for a pair no longer on screen; nothing recorded")
         rt_ms = int(round((time.monotonic() - p["shown_mono"]) * 1000))
         if rt_ms < self.min_answer_ms:  # the pair stays on screen, waiting for a real answer
-            raise RatingError(f"Too quick: that came {rt_ms} ms after the pair appeared (a double press?), "
-                              "so nothing was recorded. Compare the two faces, then choose.")
+            raise RatingError(f"Too quick: that press came {rt_ms} ms after this pair appeared, too soon to be "
+                              "a choice (a double press?). Any answer before it is recorded; this pair still "
+                              "waits for yours.")
         if p["practice"]:
             state["pending"] = None
             state["practice"] = p["index"] + 1

@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from .checkpoints import WeightsError, read_checkpoint
 from .data import downsample_8, load_faces, to_tokens
 from .model import SEQ_LEN, VOCAB, ImageTransformerSR, ModelConfig, preset
 
@@ -217,7 +218,6 @@ def save_checkpoint(path: Path, model: ImageTransformerSR, opt, step: int, cfg: 
 
 def load_checkpoint(path: Path) -> dict:
     """checkpoints.read_checkpoint: weights-only, a one-line reason for a corrupt or cut-short file."""
-    from .checkpoints import read_checkpoint
     return read_checkpoint(path)
 
 
@@ -343,9 +343,11 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     faces = load_faces(cfg.data)
     train_set, val_set = faces.part("train"), faces.part("val")
     if len(train_set) == 0:
-        raise ValueError(f"{cfg.data or 'default data'}: the training split is empty (a folder of photos, and an "
-                         ".npz prepared from one, has no partition labels and is all held-out test faces: "
-                         "train on CelebA with its list_eval_partition.txt, or an .npz prepared from it)")
+        why = ("a folder of photos, and an .npz prepared from one, has no partition labels and is all "
+               "held-out test faces: train on CelebA with its list_eval_partition.txt, or an .npz prepared "
+               "from it" if len(faces) and (np.asarray(faces.split) < 0).all() else
+               f"{len(val_set)} validation and {len(faces.part('test'))} test faces, none of the training partition")
+        raise ValueError(f"{cfg.data or 'default data'}: the training split is empty ({why})")
     train_imgs, train_lr = train_set.images, downsample_8(train_set.images)
     if cfg.distill:  # distillation: inputs stay the real 8x8, targets are the base model's outputs
         with np.load(cfg.distill, allow_pickle=False) as d:
@@ -377,12 +379,15 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     opt, clip_parts = make_optimizer(model, cfg)
     step, best = 0, float("inf")
     if ck is not None:
-        _check_resumable(ck["train_config"], cfg, ckpt_path)
+        _check_resumable(ck["train_config"], cfg, ckpt_path, say=rank == 0)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, best = ck["step"], ck.get("best_val_bpd", float("inf"))
         if (run_dir / "best.pt").exists():  # last.pt may predate best.pt's score (a hard kill)
-            best = min(best, load_checkpoint(run_dir / "best.pt").get("best_val_bpd", best))
+            try:
+                best = min(best, load_checkpoint(run_dir / "best.pt").get("best_val_bpd", best))
+            except WeightsError as e:  # read for its score only: last.pt's stands in
+                print(f"warning: {e}; going on with last.pt's best score", file=sys.stderr)
         if "torch_rng" in ck:
             torch.set_rng_state(ck["torch_rng"])
     loss_fn = TrainingLoss(model, cfg)
@@ -507,13 +512,13 @@ RESUME_KEYS = ("preset", "stage", "data", "distill", "batch_size", "seed", "head
 RETUNABLE_KEYS = ("lr", "warmup", "schedule_offset", "weight_decay", "head_frac", "head_weight", "head_window")
 
 
-def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
+def _check_resumable(saved: dict, cfg: TrainConfig, path: Path, say: bool = True) -> None:
     diff = {k: (saved.get(k), getattr(cfg, k)) for k in RESUME_KEYS if saved.get(k) != getattr(cfg, k)}
     if diff:
         raise ValueError(f"{path}: cannot resume with different settings (checkpoint, now): {diff}")
     changed = [f"{k} {saved[k]} -> {getattr(cfg, k)}" for k in RETUNABLE_KEYS
                if k in saved and saved[k] != getattr(cfg, k)]
-    if changed:
+    if changed and say:
         print(f"note: resuming {path} with other settings than it was trained with: {', '.join(changed)}",
               file=sys.stderr)
 

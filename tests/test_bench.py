@@ -68,13 +68,15 @@ def test_bench_decode_refuses_a_negative_thread_count():
     (["--k", "0"], "each k must be in 1..10"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--images", "0"], "--images must be >= 1"),
+    (["--reps", "0"], "--reps must be >= 1"),
     (["--prior-weight", "-1"], "prior_weight must be a number >= 0"),
 ])
-def test_bench_decode_refuses_bad_arguments_before_measuring(monkeypatch, argv, message):
+def test_bench_decode_refuses_bad_arguments_before_measuring(monkeypatch, capsys, argv, message):
     from sr_blockwise import bench
     from sr_blockwise.cli import main
     monkeypatch.setattr(bench, "call_cost_table", lambda *a, **k: pytest.fail("measured before refusing"))
     assert main(["bench-decode", "--json", "", "--torch-images", "0"] + argv) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_train_throughput_counts_flops():

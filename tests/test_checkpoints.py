@@ -118,8 +118,17 @@ def test_export_refuses_what_is_not_a_training_checkpoint(tmp_path, tiny_weights
     for argv, message in [([str(junk), "--name", "j"], "not a usable training checkpoint (corrupt"),
                           ([tiny_weights, "--name", "j"], "export takes a training checkpoint (.pt)"),
                           ([str(junk), "--name", "../j"], "a file name, without folders"),
-                          (["no-such-run", "--name", "j"], "no checkpoint at no-such-run")]:
+                          (["no-such-run", "--name", "j"], "no checkpoint at no-such-run"),
+                          ([str(junk), "--name", "kept"], "kept.json exists: choose another --name")]:
+        (tmp_path / "out").mkdir(exist_ok=True)
+        (tmp_path / "out" / "kept.json").write_text("{}")  # weights already there are not overwritten
         assert main(["export", *argv, "--out-dir", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and "weights_only" not in err, err
-    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["kept.json"]
+
+
+def test_a_name_with_a_dot_is_kept_whole(tmp_path):
+    js = save_weights(make_tiny(0), tmp_path / "cpu-frozen.v2")
+    assert js.name == "cpu-frozen.v2.json" and (tmp_path / "cpu-frozen.v2.safetensors").is_file()
+    assert not (tmp_path / "cpu-frozen.json").exists() and load_model(js) is not None

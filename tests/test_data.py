@@ -107,7 +107,7 @@ def test_check_input_refuses_bad_arrays():
     assert check_input(np.zeros((8, 8, 3), np.int64)).dtype == np.uint8
 
 
-def test_prepare_from_a_folder_skips_bad_files(tmp_path, capsys):
+def test_prepare_from_a_folder_skips_bad_files(tmp_path, capsys, monkeypatch):
     src = tmp_path / "photos"
     (src / "sub").mkdir(parents=True)
     Image.new("RGB", (178, 218), "blue").save(src / "000001.jpg")
@@ -125,6 +125,7 @@ def test_prepare_from_a_folder_skips_bad_files(tmp_path, capsys):
     assert main(["prepare", str(src), "-o", str(out), "--quiet"]) == 0
     assert "(replacing the file there)" in capsys.readouterr().out
     # training on it says why it cannot
+    monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
     assert main(["train", "--preset", "tiny", "--run", "t", "--data", str(out), "--max-steps", "1"]) == 2
     assert "no partition labels and is all held-out test faces" in capsys.readouterr().err
 

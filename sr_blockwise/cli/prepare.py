@@ -9,7 +9,7 @@ def cmd_prepare(a):
 
     from ..data import load_faces, save_faces
 
-    if Path(a.out).suffix != ".npz":
+    if Path(a.out).suffix.lower() != ".npz":
         raise ValueError(f"-o {a.out}: the array file's name must end in .npz")
     replaced = Path(a.out).exists()
     faces = load_faces(a.source, limit=a.limit, progress=not a.quiet)
@@ -32,7 +32,8 @@ def register(sub):
                                   "a folder of photos, or an .npz")
     p.add_argument("-o", "--out", default="data/celeba32.npz",
                    help="the .npz to write, replaced if it exists (default: data/celeba32.npz under the "
-                        "current folder)")
+                        "current folder; the other commands read ../shared/data or $SR_BLOCKWISE_DATA unless "
+                        "given --data)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_prepare)

@@ -259,10 +259,8 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
                 else:
                     jobs.append((k, m))
         plan.append((path, forced, card, jobs))
-    heads = max(card["config"].get("n_blockwise", 1) for _, _, card, _ in plan)
-    if blockwise and min(ks) > heads:  # no blockwise row at all: refused, not an empty table
-        raise ValueError(f"--k {','.join(map(str, ks))}: the weights have at most {heads} blockwise heads, "
-                         f"so some k must be at most {heads} (a larger one is skipped with a note)")
+    if blockwise and not any(jobs for *_, jobs in plan):  # no blockwise row at all: refused, not an empty table
+        raise ValueError("no mode and k to decode: " + "; ".join(skipped[:4]) + ("; ..." if len(skipped) > 4 else ""))
     n_exact = n if cfg.decode_exact is None else min(n, cfg.decode_exact)
     n_approx = n if cfg.decode_approx is None else min(n, cfg.decode_approx)
     total = sum(n + sum(n_exact if m.options(k).is_exact else n_approx for k, m in jobs) for *_, jobs in plan)
