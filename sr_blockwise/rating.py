@@ -29,6 +29,7 @@ import re
 import sqlite3
 import time
 import uuid
+from collections import Counter
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -611,6 +612,20 @@ CREATE TABLE IF NOT EXISTS judgments (
     UNIQUE (rater, trial)
 );
 """
+# presses refused as too quick (RatingService.min_answer_ms): not judgments, but a rater who
+# clicks through without looking shows in them; kept beside the judgments, never in their place
+REFUSALS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS refusals (
+    id INTEGER PRIMARY KEY,
+    rater TEXT NOT NULL,
+    session TEXT NOT NULL,
+    trial INTEGER NOT NULL,
+    practice INTEGER NOT NULL,
+    rt_ms INTEGER NOT NULL,
+    min_answer_ms INTEGER NOT NULL,
+    at TEXT NOT NULL
+)
+"""
 JUDGMENT_COLUMNS = ["id", "rater", "session", "trial", "pair", "image", "input_id", "cond_a", "cond_b",
                     "left_cond", "right_cond", "chosen_side", "chosen_cond", "rt_ms", "attention",
                     "shown_at", "answered_at", "app_version", "weights"]
@@ -641,6 +656,8 @@ class RatingDB:
                                     [("study_id", study_id), ("format", str(FORMAT)), ("created", now_iso())])
                     con.execute("COMMIT")
                 row = con.execute("SELECT value FROM meta WHERE key='study_id'").fetchone()
+                if create and row is not None and row[0] == study_id:
+                    con.execute(REFUSALS_SCHEMA)  # also in databases made before the table existed
         except sqlite3.DatabaseError as e:
             raise StudyError(f"{self.path} is not a usable ratings database ({e})") from None
         if row is None or row[0] != study_id:
@@ -694,6 +711,18 @@ class RatingDB:
         sql = (f"INSERT INTO judgments ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
                f"ON CONFLICT DO NOTHING")
         return self._write(sql, [row[c] for c in cols]) == 1
+
+    def refuse(self, rater: str, session: str, trial: int, practice: bool, rt_ms: int, min_answer_ms: int) -> None:
+        self._write("INSERT INTO refusals (rater, session, trial, practice, rt_ms, min_answer_ms, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)", (rater, session, trial, int(practice), rt_ms, min_answer_ms, now_iso()))
+
+    def refusals(self) -> list[dict]:
+        """The refused presses; none in a database no server with the check has opened."""
+        with closing(self.connect()) as con:
+            con.row_factory = sqlite3.Row
+            if not con.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='refusals'").fetchone():
+                return []
+            return [dict(r) for r in con.execute("SELECT * FROM refusals ORDER BY id")]
 
     def judgments(self) -> list[dict]:
         with closing(self.connect()) as con:
@@ -806,6 +835,10 @@ class RatingService:
             raise RatingError("that answer was for a pair no longer on screen; nothing recorded")
         rt_ms = int(round((time.monotonic() - p["shown_mono"]) * 1000))
         if rt_ms < self.min_answer_ms:  # the pair stays on screen, waiting for a real answer
+            try:
+                self.db.refuse(state["rater"], state["session"], p["index"], p["practice"], rt_ms, self.min_answer_ms)
+            except sqlite3.Error:
+                pass  # the refusal is said either way; its record only helps the analysis
             raise RatingError(f"Too quick: that press came {rt_ms} ms after this pair appeared, too soon to be "
                               "a choice (a double press?). Any answer before it is recorded; this pair still "
                               "waits for yours.")
@@ -926,6 +959,9 @@ def analyze(study: Study, db_path=None, **kw) -> dict:
     res["question"] = study.question
     res["weights"] = study.weights_sha
     res["decode"] = study.manifest.get("decode", {})
+    refused = [r for r in db.refusals() if not r["practice"]]
+    res["refused_quick"] = {"n": len(refused), "min_answer_ms": sorted({r["min_answer_ms"] for r in refused}),
+                            "by_rater": dict(Counter(r["rater"] for r in refused).most_common())}
     return res
 
 
@@ -1065,6 +1101,13 @@ def report_markdown(res: dict) -> str:
                   "sample is drawn with its own seed), their distribution does not, so the expected "
                   "preference is 50%; an interval that excludes 50% would point at a fault.", ""]
         lines += checks + [""]
+    rq = res.get("refused_quick")
+    if rq and rq["n"]:
+        lines += [f"Presses refused as too quick (under {'/'.join(map(str, rq['min_answer_ms']))} ms after their "
+                  f"pair appeared; not judgments): {rq['n']}, by rater: "
+                  + ", ".join(f"{r} {n}" for r, n in list(rq["by_rater"].items())[:10])
+                  + (", ..." if len(rq["by_rater"]) > 10 else "") + ". Many from one rater suggest they "
+                  "answered without looking.", ""]
     lf = res["left"]
     p = "—" if lf["p_binomial"] != lf["p_binomial"] else f"{lf['p_binomial']:.3g}"
     lines += ["", f"Left-side bias: the left image was chosen in {_pct(lf['rate'])}% of {lf['n']} "

@@ -152,6 +152,14 @@ def test_an_answer_sooner_than_a_person_could_compare_is_refused(study_copy):
     assert svc.answer(s, "right", token=shown.token) == "Recorded answer 2."
     with pytest.raises(StudyError, match=">= 0 ms"):
         RatingService(st, min_answer_ms=-1)
+    # the refusal is kept beside the judgments, and the analysis counts it per rater
+    (refused,) = svc.db.refusals()
+    assert (refused["rater"], refused["trial"], refused["practice"], refused["min_answer_ms"]) == (
+        "quick", shown.trial.index, 0, 300) and refused["rt_ms"] < 300
+    res = rating.analyze(st, n_boot=10)
+    assert res["refused_quick"] == {"n": 1, "min_answer_ms": [300], "by_rater": {"quick": 1}}
+    assert "Presses refused as too quick (under 300 ms after their pair appeared; not judgments): 1, by rater: quick 1" \
+        in rating.report_markdown(res)
 
 
 def test_plan_resume_and_limits(study_copy):
