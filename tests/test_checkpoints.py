@@ -115,11 +115,14 @@ def test_export_refuses_what_is_not_a_training_checkpoint(tmp_path, tiny_weights
     from sr_blockwise.cli import main
     junk = tmp_path / "junk.pt"
     junk.write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "last.pt").write_bytes(junk.read_bytes())
     for argv, message in [([str(junk), "--name", "j"], "not a usable training checkpoint (corrupt"),
                           ([tiny_weights, "--name", "j"], "export takes a training checkpoint (.pt)"),
                           ([str(junk), "--name", "../j"], "a file name, without folders"),
                           (["no-such-run", "--name", "j"], "no checkpoint at no-such-run"),
-                          ([str(junk), "--name", "kept"], "kept.json exists: choose another --name")]:
+                          ([str(junk), "--name", "kept"], "kept.json exists: choose another --name"),
+                          ([str(tmp_path / "run"), "--name", "j"], "run/last.pt: not a usable training")]:  # a run's folder
         (tmp_path / "out").mkdir(exist_ok=True)
         (tmp_path / "out" / "kept.json").write_text("{}")  # weights already there are not overwritten
         assert main(["export", *argv, "--out-dir", str(tmp_path / "out")]) == 2

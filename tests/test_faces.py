@@ -167,6 +167,9 @@ def test_box_and_centre_square(astronaut):
 def test_faces_of_says_what_it_found(astronaut):
     wall = Image.new("RGB", (200, 100), (90, 120, 150))
     assert F.faces_of(wall, if_none="skip") == ([], "no face found in the 200x100 photo")
+    reduced = wall.copy()
+    reduced.info["full_size"] = (2000, 1000)  # a large photo, read at reduced size (data.open_rgb)
+    assert F.faces_of(reduced, if_none="skip") == ([], "no face found in the 2000x1000 photo")
     with pytest.raises(BadImage, match="no face found"):
         F.faces_of(wall, if_none="error")
     (c,), note = F.faces_of(wall)

@@ -58,10 +58,14 @@ def test_resume_refuses_a_cut_short_checkpoint_and_notes_a_changed_schedule(smal
     capsys.readouterr()
     train(cfg(small_data, "a", max_steps=3, lr=0.01), resume=True, progress=False)
     assert "with other settings than it was trained with: lr" in capsys.readouterr().err
+    # best.pt is read for its score only: a damaged one is warned about, and the resume goes on
+    (tmp_path / "cache/a/best.pt").write_bytes(b"not a checkpoint")
+    train(cfg(small_data, "a", max_steps=4, lr=0.01), resume=True, progress=False)
+    assert "best.pt: not a usable training checkpoint" in capsys.readouterr().err
     last = tmp_path / "cache/a/last.pt"
     last.write_bytes(last.read_bytes()[:5000])  # a full disk or a killed copy
     with pytest.raises(WeightsError, match="last.pt: not a usable training checkpoint"):
-        train(cfg(small_data, "a", max_steps=4), resume=True, progress=False)
+        train(cfg(small_data, "a", max_steps=5), resume=True, progress=False)
 
 
 def test_losses_are_logged_every_10_steps_and_the_best_validated_checkpoint_kept(small_data, tmp_path, monkeypatch):

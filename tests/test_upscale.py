@@ -213,9 +213,11 @@ def test_the_first_line_says_what_the_run_leaves_out(tmp_path, capsys, rng):
     assert "no ground truth in" in err and "for 1 of 1 inputs" in err
 
 
-def test_a_stop_that_leaves_nothing_undone_is_not_an_interrupted_run():
+def test_a_stop_that_leaves_nothing_undone_is_not_an_interrupted_run(tmp_path):
     s = upscale.Summary(total=2, done=2, interrupted=True, blocks=[1.0, 1.0], calls=[3072, 3072])
     assert s.exit_code == 0 and not any("not processed" in line for line in s.lines("greedy"))
+    upscale.Metrics(str(tmp_path / "m.json"), {}, False).write(s)  # the metrics agree
+    assert json.loads((tmp_path / "m.json").read_text())["summary"]["interrupted"] is False
     assert "3072 model calls per image" in s.lines("greedy")[-1] and "fewer than greedy" not in s.lines("greedy")[-1]
     assert upscale.Summary(total=3, done=2, interrupted=True).exit_code == 130
 
