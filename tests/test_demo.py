@@ -385,6 +385,12 @@ def test_browser(server, files, tmp_path, monkeypatch):
                                        "return i && i.complete && i.naturalWidth > 0; }", arg=el)
                 assert page.locator(el).evaluate("i => i.naturalWidth") == 32, el  # served at 32x32
             page.screenshot(path=shot, full_page=True)
+            # another face: the results of the one decoded leave the page with it
+            page.locator("#faces img").nth(1).click()
+            expect(page.locator("#note")).to_contain_text("face 2 of 2 found", timeout=30_000)
+            expect(page.locator("#out-exact img")).to_have_count(0, timeout=30_000)
+            expect(page.locator("#pasted img")).to_have_count(0, timeout=30_000)
+            expect(page.locator("#stats-exact")).not_to_contain_text("model calls", timeout=30_000)
 
             page.reload()  # a fresh page, with the upload box empty again
             page.locator("#photo input[type=file]").set_input_files(files["truncated"])
