@@ -224,7 +224,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
 
         # progress, queue position and errors show on one small status line, not on every image
         preview_outputs = [lr_img, real_img, note, view, faces, corner]
-        # another input (or a bad one): the last decode's results go, not to be read as its
+        # a new input, or a refused one, clears the last decode's results: they belong to the input before
         results_shown = [bicubic_img, status, *[c for m in outs for c in outs[m]], stats_json, pasted]
 
         def clear_results():
