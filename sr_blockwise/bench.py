@@ -228,9 +228,7 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
     if any(not 1 <= k <= heads for k in ks):
         raise ValueError(f"--k {','.join(map(str, ks))}: these weights have {heads} blockwise heads, "
                          f"so each k must be in 1..{heads}")
-    for k in ks:
-        for mode in ("exact", "eps=2"):
-            parse_mode(mode, k, prior_weight)  # e.g. a negative prior weight
+    DecodeOptions(prior_weight=prior_weight).validate()  # e.g. a negative one: refused here
     model = _copy_for(fp32, getattr(torch, dtype))
     print(f"# bench-decode: {label}; {machine()}; input guidance (prior weight) {prior_weight:g}")
     print(f"\n## Cost of one call vs tokens verified per image (the fastest of 3 rounds' medians of max(15, {reps} / "

@@ -216,11 +216,6 @@ def save_checkpoint(path: Path, model: ImageTransformerSR, opt, step: int, cfg: 
     os.replace(tmp, path)  # atomic: a crash mid-save never leaves a broken checkpoint
 
 
-def load_checkpoint(path: Path) -> dict:
-    """checkpoints.read_checkpoint: weights-only, a one-line reason for a corrupt or cut-short file."""
-    return read_checkpoint(path)
-
-
 GROWABLE = ("lr_skip", "lr_prior", "nbr_prior", "nbr_draft")  # what a warm start may add
 
 
@@ -364,7 +359,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         train_imgs, train_lr = train_imgs[: -cfg.eval_images], train_lr[: -cfg.eval_images]
         val_imgs = val_imgs[:0]  # the frozen base's bits/dim cannot move: score the heads instead
 
-    ck = load_checkpoint(ckpt_path) if resume else None
+    ck = read_checkpoint(ckpt_path) if resume else None
     model = init_model(cfg)
     if ck is not None and ck["model_config"] != model.cfg.to_dict():
         model = _model_of_run(ck["model_config"], model.cfg, ckpt_path)
@@ -385,7 +380,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         step, best = ck["step"], ck.get("best_val_bpd", float("inf"))
         if (run_dir / "best.pt").exists():  # last.pt may predate best.pt's score (a hard kill)
             try:
-                best = min(best, load_checkpoint(run_dir / "best.pt").get("best_val_bpd", best))
+                best = min(best, read_checkpoint(run_dir / "best.pt").get("best_val_bpd", best))
             except WeightsError as e:  # read for its score only: last.pt's stands in
                 print(f"warning: {e}; going on with last.pt's best score", file=sys.stderr)
         if "torch_rng" in ck:

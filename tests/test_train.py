@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from sr_blockwise.train import FRESH_ADAM_RAMP, TrainConfig, bits_per_dim, load_checkpoint, lr_at, train
+from sr_blockwise.checkpoints import read_checkpoint as load_checkpoint
+from sr_blockwise.train import FRESH_ADAM_RAMP, TrainConfig, bits_per_dim, lr_at, train
 
 
 @pytest.fixture
