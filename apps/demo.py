@@ -145,7 +145,9 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
             temperature = gr.Slider(0.1, 1.5, value=0.8, step=0.05, label="temperature (sample)",
                                     elem_id="temperature",
                                     info="1: the model's own distribution; lower: safer, smoother faces")
-            seed = gr.Number(0, precision=0, minimum=0, label="seed (sample)", elem_id="seed",
+            # no minimum=: Gradio refuses a value below it with a traceback in the server's log; the
+            # decoder's own check refuses it with one line on the page
+            seed = gr.Number(0, precision=0, label="seed (sample)", elem_id="seed",
                              info="the same seed and settings give the same face")
         go = gr.Button("Upscale", variant="primary", elem_id="go")
         status = gr.Markdown(elem_id="status")
@@ -180,6 +182,11 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
 
             def mode_options(mode):
                 return options_for(mode, k_val, eps_val, temperature=temp, seed=seed_val, prior_weight=prior_w)
+            try:
+                for mode in modes:
+                    mode_options(mode)
+            except ValueError as e:
+                raise gr.Error(str(e), title="Bad setting", print_exception=False) from None
             stats = {"weights": weights_name, "input": p.info, "match_input": bool(match_8x8),
                      "prior_weight": prior_w}
             images = {}  # as shown (matched or not): the stats compare what the page shows

@@ -13,7 +13,8 @@ import pickle
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
 from .model import ImageTransformerSR, ModelConfig
 
@@ -51,7 +52,8 @@ def save_weights(model: ImageTransformerSR, out: str | Path, meta: dict | None =
     st = out.with_name(out.name + ".safetensors")
     tensors = {k: v.detach().float().contiguous().cpu() for k, v in model.state_dict().items()}
     tmp = st.with_suffix(".tmp")
-    save_file(tensors, str(tmp))
+    # written by Python, not safetensors' save_file, which makes the file readable by its owner only
+    tmp.write_bytes(safetensors_bytes(tensors))
     os.replace(tmp, st)
     card = {"name": out.name, "config": model.cfg.to_dict(), "sha256": sha256_of(st),
             "file": st.name, "meta": meta or {}}

@@ -126,6 +126,8 @@ class DecodeOptions:
         if self.temperature > 0 and (self.rule != "exact" or self.min_block != 1 or self.propose != "argmax"):
             raise ValueError("sampling (temperature > 0) accepts by speculative sampling's own rule, which keeps "
                              "the samples' distribution: use the exact rule, min_block 1, argmax proposals")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be a whole number in 0..{2**32 - 1}, got {self.seed}")
         if self.seed != 0 and self.temperature == 0:
             raise ValueError(f"seed={self.seed} is for sampling (temperature > 0); greedy and blockwise "
                              f"decoding draw nothing")

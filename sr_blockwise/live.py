@@ -7,6 +7,7 @@ Importing this module is cheap: torch is imported when decoding starts.
 """
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -74,14 +75,15 @@ def parse_choice(choice: str | None) -> int | tuple | str:
     if c == CENTRE:
         return CENTRE
     parts = [p for p in c.replace("box", "").replace(":", " ").replace(",", " ").split() if p]
+    if len(parts) == 1 and parts[0].isdigit() and int(parts[0]) >= 1:  # plain digits: "1e3" is no face number
+        return int(parts[0]) - 1
     try:
         nums = [float(p) for p in parts]
     except ValueError:
         nums = []
-    if len(nums) == 1 and nums[0] == int(nums[0]) and nums[0] >= 1:
-        return int(nums[0]) - 1
-    if len(nums) == 4:
-        return tuple(nums)
+    if len(nums) == 4 and all(math.isfinite(v) for v in nums):
+        l, t, r, b = nums  # corners in either order, as a drawn box
+        return (min(l, r), min(t, b), max(l, r), max(t, b))
     raise BadImage(f"face {choice!r}: give a face number (1 = the largest), 'centre square' or a box "
                    "'left, top, right, bottom' in the photo's pixels")
 

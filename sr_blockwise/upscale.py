@@ -76,8 +76,8 @@ class Config:
     outdir: str
     mode: str = "exact"
     k: int | None = None  # None: the mode's decoding.DEFAULT_K (2 for exact, 4 for approx and sample)
-    eps: int = 2
-    temperature: float = 1.0
+    eps: int | None = None  # approx only; None: 2
+    temperature: float | None = None  # sample only; None: 1.0
     seed: int = 0
     weights: str | None = None
     batch_size: int = 16
@@ -631,6 +631,15 @@ def run(cfg: Config) -> int:
     if cfg.mode == "greedy" and cfg.k not in (None, 1):
         raise ValueError(f"--k {cfg.k}: greedy decoding takes one token per call; --mode exact gives "
                          "the same output in blocks of up to --k")
+    # flags another mode would ignore are refused, not dropped: the run would not be what was asked
+    if cfg.eps is not None and cfg.mode != "approx":
+        raise ValueError(f"--eps {cfg.eps}: only --mode approx accepts proposals within eps levels "
+                         f"(--mode {cfg.mode} does not read it)")
+    if cfg.temperature is not None and cfg.mode != "sample":
+        raise ValueError(f"--temperature {cfg.temperature:g}: only --mode sample draws at a temperature "
+                         f"(--mode {cfg.mode} does not read it)")
+    eps = 2 if cfg.eps is None else cfg.eps
+    temperature = 1.0 if cfg.temperature is None else cfg.temperature
     jobs, ignored, info = plan(cfg)
 
     def face_output(j: Job, n: int, path: Path) -> Path:
@@ -682,14 +691,14 @@ def run(cfg: Config) -> int:
         return 0
 
     # a bad mode fails here, before the model loads (the options are made again with the model)
-    options_for(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed)
+    options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=cfg.seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     up = Upscaler(cfg.weights, device=cfg.device, dtype=cfg.dtype)
     # the weights' default guidance where none is given; k beyond this model's heads etc.: a bad
     # argument, before any work
-    opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
+    opts = up.options(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=cfg.seed,
                       prior_weight=cfg.prior_weight)
     prior_weight, weights, device = opts.prior_weight, up.weights, up.device
     # OUTDIR (where there is anything to write) and the metrics file's folder must take files:

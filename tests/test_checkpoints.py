@@ -16,6 +16,9 @@ def test_roundtrip_gives_the_same_model(tmp_path):
     for (k, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()):
         assert torch.equal(a, b), k
     assert list_weights(tmp_path)[0]["meta"]["test_bits_per_dim"] == 7.9
+    # both files as readable as the umask lets any new file be (safetensors' own writer made 0600)
+    mode = lambda p: p.stat().st_mode & 0o777
+    assert mode(tmp_path / "w.safetensors") == mode(js)
     # loaded by the .safetensors path, cast for decoding: the same forward as the source model
     # (a whole decode of each took two minutes of the suite; the decoder is tested elsewhere)
     g = torch.Generator().manual_seed(3)

@@ -465,7 +465,7 @@ def valid_options(draw):
     kind = draw(st.sampled_from(["exact", "exact-heads", "eps", "window", "topk", "oracle", "sample"]))
     if kind == "sample":
         return DecodeOptions(k=k, temperature=draw(_numbers.filter(lambda t: t > 0)),
-                         seed=draw(st.integers(-2**62, 2**62)), prior_weight=w)
+                         seed=draw(st.integers(0, 2**32 - 1)), prior_weight=w)
     mb = draw(st.integers(1, k))
     fields = {"exact": {}, "exact-heads": {"propose": "argmax"}, "oracle": {"rule": "oracle"},
               "eps": {"rule": "eps", "eps": draw(st.integers(0, 255))},
@@ -534,7 +534,10 @@ def test_spec_grammar_examples_and_messages():
                      ("sample:k=4:T=hot", "T=hot is not a number"), ("exact:k=4:T=0.8", "for the sample mode"),
                      ("greedy:seed=3", "for the sample mode"), ("min-block=5:k=2", "min_block must be in 1..k=2"),
                      ("exact:k=2:w=-1", "input guidance"), ("exact:k=2:w=inf", "not a number"),
-                     ("exact:k=2:min-block=1:min-block=2", "given twice")]:
+                     ("exact:k=2:min-block=1:min-block=2", "given twice"),
+                     # torch's generators take 64 bits: a larger seed would fail mid-decode
+                     ("sample:k=4:T=1:seed=-5", "seed must be a whole number in 0.."),
+                     (f"sample:k=4:T=1:seed={2**32}", "seed must be a whole number in 0..")]:
         with pytest.raises(ValueError, match=msg):
             parse(bad)
     with pytest.raises(ValueError, match="eps rule's tolerance"):

@@ -141,10 +141,12 @@ def test_face_choices(files):
     assert (prepare_input(files["pair"], "").lr == first.lr).all()  # the largest by default
     boxed = prepare_input(files["pair"], "600, 200, 612, 212")  # a face a few pixels wide
     assert "the box 600, 200, 612, 212" in boxed.note and boxed.chosen.how == "box"
-    for bad, why in [("3", "2 faces found"), ("eyes", "give a face number"), ("1, 2", "give a face number")]:
+    for bad, why in [("3", "2 faces found"), ("eyes", "give a face number"), ("1, 2", "give a face number"),
+                     ("1e3", "give a face number"), ("2.0", "give a face number"), ("1, 2, nan, 4", "give a face number")]:
         with pytest.raises(BadImage, match=why):
             prepare_input(files["pair"], bad)
     assert parse_choice("Centre square") == "centre square" and parse_choice("box: 1,2,3,4") == (1, 2, 3, 4)
+    assert parse_choice("612, 212, 600, 200") == (600, 200, 612, 212)  # typed corners in either order, as drawn
     photo = read_photo(files["pair"])
     view = photo_view(photo, first.chosen)
     assert view.shape == (394, 640, 3)  # at most 640 px wide
@@ -248,6 +250,8 @@ def test_client_errors_are_messages(server, files):
         client.predict(None, "", K, EPS, False, api_name="/upscale")
     with pytest.raises(AppError, match="2 faces found"):
         client.predict(handle_file(files["pair"]), "3", K, EPS, False, api_name="/upscale")
+    with pytest.raises(AppError, match="seed must be a whole number in 0.."):  # the decoder's check, one line
+        client.predict(handle_file(files["pair"]), "", K, EPS, False, False, 1.0, True, 0.8, -5, api_name="/upscale")
     lr, face, note, view, gallery = client.predict(handle_file(files["pair"]), "", api_name="/preview")
     assert Image.open(lr).size == (8, 8) and Image.open(face).size == (32, 32)  # the queue still serves
     assert len(gallery) == 2 and "face 1 of 2" in note and Image.open(view).size == (640, 394)

@@ -63,6 +63,9 @@ def test_evaluate_command_has_an_option_for_every_config_field_with_its_default(
     assert parse("--cache-dir", "none", "--k", "2,6", "--modes", "exact,eps=1", "--json", "r.json", "--quiet",
                  "-n", "7") == replace(ev.EvalConfig(), ks=[2, 6], modes=["exact", "eps=1"], json_path="r.json",
                                        progress=False, n_images=7)
+    # the other commands' dtype names are taken too, and recorded in evaluate's short spelling
+    assert parse("--dtype", "float32").dtype == parse("--dtype", "fp32").dtype == "fp32"
+    assert parse("--dtype", "bfloat16").dtype == "bf16"
 
 def test_a_command_missing_an_optional_package_names_its_extra(tiny_weights, celeba_npz, tmp_path, monkeypatch,
                                                                 capsys):

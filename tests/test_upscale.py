@@ -276,6 +276,9 @@ def test_planning_rules(tmp_path, capsys, rng):
      "is a folder"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--threads", "-1"], "--threads must be >= 0"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "greedy", "--k", "4"], "greedy decoding takes one"),
+    # a flag the mode would not read is refused, not dropped
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--eps", "5"], "only --mode approx"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "approx", "--temperature", "0.5"], "only --mode sample"),
 ])
 def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, extra, message):
     monkeypatch.setattr(upscale, "decode_batch", lambda *a, **k: pytest.fail("decoded before refusing"))

@@ -9,6 +9,9 @@ import sys
 from . import config_from
 
 
+DTYPE_NAMES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "evaluate", help="reproduce the paper's super-resolution tables: block size, speed, quality",
@@ -35,7 +38,10 @@ def register(subparsers) -> None:
                         "eps=E, eps-window=E, top-k=N, min-block=N, oracle "
                         "(greedy, with and without KV cache, always runs first)")
     p.add_argument("--batch-size", type=int, default=1, help="images per decode call (the paper: 1)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    # the other commands spell dtypes out (bfloat16, ...): both spellings are taken; records keep the short one
+    p.add_argument("--dtype", default="bf16", type=lambda v: DTYPE_NAMES.get(v, v), choices=["bf16", "fp32", "fp16"],
+                   help="precision of the decoding's matrix products: bf16 (bfloat16), fp32 "
+                        "(float32) or fp16 (float16); bits/dim is always fp32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: torch's default; use 1 when another job shares the cores)")
