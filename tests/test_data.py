@@ -264,6 +264,16 @@ def test_images_over_pillows_decompression_bomb_limit_are_refused(tmp_path, monk
     Image.new("RGB", (1500, 1500)).save(tmp_path / "bomb.png")
     with pytest.raises(BadImage, match="too large"):
         open_rgb(tmp_path / "bomb.png")
+    # between the limit and twice it Pillow only warns; such a photo is read, and the warning,
+    # one per photo of a batch, is not shown (in a process of its own: pytest resets the filters
+    # that importing the package sets)
+    Image.new("RGB", (1200, 1200)).save(tmp_path / "large.png")
+    code = ("from PIL import Image; from sr_blockwise.data import open_rgb; Image.MAX_IMAGE_PIXELS = 1_000_000; "
+            f"print(open_rgb({str(tmp_path / 'large.png')!r}).size)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert r.returncode == 0 and r.stdout.strip() == "(1200, 1200)", r.stderr
+    assert "DecompressionBombWarning" not in r.stderr
 
 
 # ---------------------------------------------------------------- inputs of the Python API
