@@ -138,3 +138,21 @@ def test_a_name_with_a_dot_is_kept_whole(tmp_path):
     js = save_weights(make_tiny(0), tmp_path / "cpu-frozen.v2")
     assert js.name == "cpu-frozen.v2.json" and (tmp_path / "cpu-frozen.v2.safetensors").is_file()
     assert not (tmp_path / "cpu-frozen.json").exists() and load_model(js) is not None
+
+
+def test_export_takes_a_checkpoint_without_a_training_record(tmp_path, celeba_npz, capsys):
+    """A .pt holding only the model and its config (saved by hand, not by `train`) is exported:
+    its card has an empty training record, a held-out score, and the same weights."""
+    from sr_blockwise.cli import main
+    m = make_tiny(4)
+    torch.save({"model": m.state_dict(), "model_config": m.cfg.to_dict()}, tmp_path / "bare.pt")
+    assert main(["export", str(tmp_path / "bare.pt"), "--name", "bare", "--out-dir", str(tmp_path / "out"),
+                 "--data", str(celeba_npz), "--eval-images", "2"]) == 0
+    js = tmp_path / "out" / "bare.json"
+    assert "wrote" in capsys.readouterr().out
+    meta = list_weights(tmp_path / "out")[0]["meta"]
+    assert meta["train_config"] == {} and meta["steps"] is None and meta["test_images_scored"] == 2
+    assert meta["test_bits_per_dim"] > 0
+    for (k, a), (_, b) in zip(m.state_dict().items(), load_model(js, dtype=torch.float32,
+                                                                  for_inference=False).state_dict().items()):
+        assert torch.equal(a, b), k
