@@ -235,8 +235,9 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
           f"batch size) calls; torch: one median of max(3, {reps} / (4 x batch size)))")
     calls = call_cost_table(model, batches=batches, reps=reps, torch_model=model if torch_images else None)
     calls_md = print_table(calls, ["engine", "dtype", "batch", "tokens", "ms", "vs_1_token"])
-    print("\n## Where a k=6 call's time goes (native engine, ms per call)")
-    parts = call_breakdown(model, 6, batches=[b for b in batches if b <= 16])
+    k_parts = min(6, heads)  # a 7-token call, the paper's k=6, for a model with that many heads
+    print(f"\n## Where a k={k_parts} call's time goes (native engine, ms per call)")
+    parts = call_breakdown(model, k_parts, batches=[b for b in batches if b <= 16])
     parts_md = print_table(parts, ["batch", "k", "call_ms", "host_ms", *[f"{n}_ms" for n in native.STAGES]])
     try:
         faces = load_faces(data).part("test")
