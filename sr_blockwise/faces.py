@@ -245,7 +245,8 @@ def detect_copy(img: Image.Image, max_side: int = DETECT_MAX_SIDE) -> tuple[Imag
 def detect(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float = MIN_SCORE
            ) -> list[tuple[np.ndarray, float, np.ndarray]]:
     """Faces MTCNN finds: [(box (4,), score, landmarks (5, 2))] in the photo's pixels, largest
-    first, on the copy detect_copy makes."""
+    first, on the copy detect_copy makes. A face counts where its landmarks' centre lies in the
+    photo: a small photo's mirrored border, there for context, holds mirror images of its faces."""
     img = to_rgb(img)
     work, pad = detect_copy(img, max_side)
     if min(work.size) < MIN_FACE:
@@ -254,6 +255,7 @@ def detect(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float =
     sx, sy = (img.width + 2 * pad) / work.width, (img.height + 2 * pad) / work.height  # exact, whatever the rounding
     found = [(b[:4] * [sx, sy, sx, sy] - pad, float(b[4]), m * [sx, sy] - pad)
              for b, m in zip(boxes, marks) if b[4] >= min_score]
+    found = [f for f in found if 0 <= f[2][:, 0].mean() < img.width and 0 <= f[2][:, 1].mean() < img.height]
     return sorted(found, key=lambda f: -(f[0][2] - f[0][0]) * (f[0][3] - f[0][1]))
 
 

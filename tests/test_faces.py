@@ -56,6 +56,16 @@ def test_detects_the_astronaut_with_landmarks(astronaut):
     assert F.detect(Image.new("RGB", (5, 3), "white")) == []
 
 
+def test_a_small_photos_mirrored_border_adds_no_faces(celeba_photos):
+    """A small photo is detected on a copy mirrored outward: the mirror images of its faces there
+    are not faces of the photo (three faces side by side gave five or six)."""
+    crops = [p.crop((0, 20, 178, 198)).resize((32, 32), Image.Resampling.BOX) for p in celeba_photos]
+    group = Image.fromarray(np.concatenate([np.asarray(c) for c in crops], 1))  # 96x32
+    found = F.detect(group)
+    centres = sorted(float(marks[:, 0].mean()) for _, _, marks in found)
+    assert len(found) == 3 and all(32 * i < x < 32 * (i + 1) for i, x in enumerate(centres)), centres
+
+
 def test_small_faces_of_a_large_photo_found_as_facenet_pytorch_finds_them(celeba_photos):
     """faces.detect drives MTCNN's networks itself (PIL's pyramid, channels-last networks): on a
     12 MP photo with faces 20-50 px wide in the 1600 px copy it finds every face, and nothing else,
