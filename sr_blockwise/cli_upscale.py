@@ -60,7 +60,8 @@ def register(subparsers) -> None:
     p.add_argument("--match-input", action=argparse.BooleanOptionalAction, default=True,
                    help="shift each output's 4x4 blocks, per channel, so that their means are the 8x8 "
                         "input's again (back-projection; default on: it fixes colour drift and collapsed "
-                        "patches, ST-LPIPS -0.021 on 96 held-out faces, better on every one). "
+                        "patches; at the default guidance, ST-LPIPS -0.015 and PSNR +0.24 dB on 96 held-out "
+                        "faces, PSNR better on every one). "
                         "--no-match-input saves the decoder's own output")
     p.add_argument("--prior-weight", type=float, default=None, metavar="W",
                    help="input guidance: the weight of the model's learned prior toward the 8x8 input's "
