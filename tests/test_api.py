@@ -246,3 +246,19 @@ def test_api_errors_name_the_arguments_not_the_command_line_flags():
         pick_device("tpu")
     with pytest.raises(ValueError, match=r"^dtype 'int8'"):
         torch_dtype("int8")
+
+
+def test_every_commands_help_gives_its_defaults():
+    """`--help` of every command and subcommand says each option's default (once: none of
+    argparse's '(default: None)' after a help that already says it)."""
+    import re
+
+    parsers = list(cli._every_parser(cli.build_parser()))
+    assert {"sr-blockwise upscale", "sr-blockwise rate serve", "sr-blockwise demo"} <= {p.prog for p in parsers}
+    for parser in parsers:
+        text = re.sub(r"\s+", "", parser.format_help())  # as wrapped, even inside a word
+        assert "(default:None)" not in text and "default:default" not in text, parser.prog
+        for action in parser._actions:
+            if cli.worth_saying(action) and "default" not in (action.help or "").lower():
+                want = re.sub(r"\s+", "", f"default: {action.default}")
+                assert want in text, (parser.prog, action.option_strings)

@@ -119,6 +119,7 @@ def test_prepare_from_a_folder_skips_bad_files(tmp_path, capsys, monkeypatch):
     assert len(faces) == 2
     said = capsys.readouterr().out
     assert "skipped 1" in said and "no partition labels, so all are held-out test faces" in said
+    assert f"pass --data {out}" in said  # the other commands read the shared data unless told
     assert main(["prepare", str(tmp_path / "missing"), "-o", str(out)]) == 2
     assert main(["prepare", str(src), "-o", str(tmp_path / "out.txt")]) == 2
     assert "must end in .npz" in capsys.readouterr().err

@@ -28,6 +28,30 @@ SUBCOMMAND_MODULES = [
 ]
 
 
+class DefaultsHelp(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help already says it or there is none
+    worth saying (None, off)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or not worth_saying(action):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+def worth_saying(action) -> bool:
+    return bool(action.option_strings) and not (action.default is None or action.default is False
+                                                or action.default == argparse.SUPPRESS)
+
+
+def _every_parser(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from _every_parser(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
@@ -37,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SUBCOMMAND_MODULES:
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name).register(sub)
+    for parser in _every_parser(p):  # one rule for every command's --help
+        parser.formatter_class = DefaultsHelp
+        for action in parser._actions:
+            if not action.help and worth_saying(action):  # argparse shows nothing for an option without help
+                action.help = "default: %(default)s"
     return p
 
 

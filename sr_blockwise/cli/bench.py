@@ -28,16 +28,20 @@ def cmd_bench_train(a):
 
 
 def register(sub):
-    p = sub.add_parser("bench-decode", help="cost per call vs tokens verified; seconds per face; images/s")
+    p = sub.add_parser("bench-decode", help="cost per call vs tokens verified; seconds per face; images/s",
+                       description="The speed tables of the README and docs/engine.md: what one model call "
+                                   "costs against the tokens it verifies, where a call's time goes, seconds "
+                                   "per face and images/s for greedy, exact, approximate and oracle decoding "
+                                   "at each batch size, with the machine's matrix-product rates beside them.")
     p.add_argument("--weights", default=None, help="default: the cpu preset with random weights")
     p.add_argument("--images", type=int, default=4, help="faces per batch size (at least one batch)")
     p.add_argument("--batch-size", default="1,16,64", help="batch sizes, comma-separated")
-    p.add_argument("--reps", type=int, default=50)
-    p.add_argument("--k", default="2,6,10")
+    p.add_argument("--reps", type=int, default=50, help="calls timed per call-cost cell (divided by the batch size)")
+    p.add_argument("--k", default="2,6,10", help="block sizes, comma-separated")
     p.add_argument("--torch-images", type=int, default=1,
                    help="faces the torch engine decodes at batch 1 for comparison (0: skip; ~10 s each per mode)")
-    p.add_argument("--data", default=None)
-    p.add_argument("--json", default="results/bench_decode.json")
+    p.add_argument("--data", default=None, help="faces to decode (default: the held-out CelebA faces, or random inputs where there are none)")
+    p.add_argument("--json", default="results/bench_decode.json", help="results as JSON, and the tables beside it as .md")
     p.add_argument("--prior-weight", type=float, default=None,
                    help="input guidance for every decode (default: the apps' default, 2, where the model "
                         "has the input prior; else 1)")

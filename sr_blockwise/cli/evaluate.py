@@ -20,7 +20,7 @@ def register(subparsers) -> None:
                     "cache), PSNR / SSIM / perceptual distance against the real face and the exact output, "
                     "and bits/dim. Writes OUT/results.json, OUT/report.md, plots and image grids. "
                     "Exit code 1 if exact mode ever differs from greedy, or the exact-mode replay from decoding.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+)
     p.add_argument("--weights", nargs="+", default=["cpu-frozen", "cpu-finetuned"],
                    help="weights names or .json/.pt paths; append :frozen or :fine-tuned to say which "
                         "Table 2 column they match if the name does not")

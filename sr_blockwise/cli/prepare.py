@@ -7,7 +7,7 @@ def cmd_prepare(a):
 
     import numpy as np
 
-    from ..data import load_faces, save_faces
+    from ..data import DEFAULT_DATA, load_faces, save_faces
 
     if Path(a.out).suffix.lower() != ".npz":
         raise ValueError(f"-o {a.out}: the array file's name must end in .npz")
@@ -23,6 +23,9 @@ def cmd_prepare(a):
         print(f"  skipped {why}")
     if len(faces.skipped) > 20:
         print(f"  ... and {len(faces.skipped) - 20} more")
+    if Path(a.out).resolve() != (DEFAULT_DATA / "celeba32.npz").resolve():
+        print(f"the other commands read {DEFAULT_DATA} unless told otherwise: pass --data {a.out} "
+              "(train, export, evaluate, bench-decode, rate build, demo)")
     return 0
 
 
