@@ -197,6 +197,9 @@ def find_inputs(inputs: list[str], outdir: Path) -> tuple[list[tuple[Path, Path]
             if not matches:
                 raise ValueError(f"no files match {spec!r}")
             root = _glob_root(spec)
+            if _resolve(root) == out_res:
+                raise ValueError(f"OUTDIR {outdir} is the folder of the pattern {spec!r}: results would mix "
+                                 "with the inputs; choose another folder")
             for m in matches:
                 if _resolve(m) == out_res or out_res in _resolve(m).parents:
                     continue  # OUTDIR or an earlier result, matched by a broad pattern
@@ -311,6 +314,15 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
         if _resolve(o) in protected:
             raise ValueError(f"OUTDIR {outdir} would overwrite {o}, which is an input; "
                              "choose another OUTDIR (or --suffix / --ext)")
+    # nor are other files beside them: results written into a folder that holds inputs (photos/*.jpg
+    # -o photos) would replace whatever photo there has an output's name
+    input_folders = {_resolve(j.src.parent): j for j in ordered}
+    for o in outs:
+        if _resolve(o.parent) in input_folders:
+            j = input_folders[_resolve(o.parent)]
+            raise ValueError(f"OUTDIR {outdir} would put results among the inputs in {j.src.parent} "
+                             f"(e.g. {j.src}), where they could replace other files; choose a folder "
+                             "of their own")
 
     i, n = parse_shard(cfg.shard)
     mine = [j for j in ordered if shard_of(j.rel, n) == i]

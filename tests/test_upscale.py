@@ -276,6 +276,10 @@ def test_planning_rules(tmp_path, capsys, rng):
      "is a folder"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--threads", "-1"], "--threads must be >= 0"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "greedy", "--k", "4"], "greedy decoding takes one"),
+    # results among the inputs could replace another photo there (a.jpg -> a/y.png, over the user's y.png)
+    (lambda t: (save(t / "a" / "y.png", tiny8(np.random.default_rng(1))), [str(t / "a" / "x.png"), "-o", str(t / "a"),
+                                                                         "--suffix", "_up"])[1], "among the inputs"),
+    (lambda t: [str(t / "a" / "*.png"), "-o", str(t / "a")], "is the folder of the pattern"),
     # a flag the mode would not read is refused, not dropped
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--eps", "5"], "only --mode approx"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "approx", "--temperature", "0.5"], "only --mode sample"),
