@@ -139,6 +139,16 @@ def test_template_is_the_training_framing(celeba_photos):
         # what the front ends use for a CelebA-aligned photo: the paper's crop itself
         (used,), _ = F.faces_of(photo)
         assert used.how == "celeba crop" and (used.crop == paper).all()
+    # a photo of CelebA's size that is no aligned CelebA photo: a large face off-centre and a
+    # small one are each detected and aligned; neither becomes the fixed centre crop
+    big = celeba_photos[0].crop((20, 40, 158, 178)).resize((110, 110), Image.Resampling.BOX)
+    small = celeba_photos[1].crop((20, 40, 158, 178)).resize((60, 60), Image.Resampling.BOX)
+    odd = Image.new("RGB", (178, 218), (120, 130, 110))
+    odd.paste(big, (0, 0))
+    odd.paste(small, (112, 150))
+    found, _ = F.faces_of(odd, "all")
+    assert [f.how for f in found] == ["detected", "detected"]
+    assert found[0].box[2] < 115 and found[1].box[0] > 100  # the large one first, top left
 
 
 def test_reflected_borders_and_area_resampling():
