@@ -683,6 +683,19 @@ class RatingDB:
                 raise
             return n
 
+    def check_writable(self) -> None:
+        """StudyError where judgments could not be written (a read-only file or folder): a write
+        that is rolled back, so nothing changes."""
+        try:
+            with closing(self.connect()) as con:
+                con.execute("BEGIN IMMEDIATE")
+                try:
+                    con.execute("UPDATE meta SET value=value WHERE key='study_id'")
+                finally:
+                    con.execute("ROLLBACK")
+        except sqlite3.Error as e:
+            raise StudyError(f"{self.path}: judgments could not be written there ({e})") from None
+
     def rater(self, rater: str):
         with closing(self.connect()) as con:
             return con.execute("SELECT seed, consented_at, practice_done_at FROM raters WHERE rater=?",
@@ -757,6 +770,7 @@ class RatingService:
                  min_answer_ms: int = MIN_ANSWER_MS):
         self.study = study
         self.db = RatingDB(db_path or study.folder / "ratings.sqlite", study.study_id)
+        self.db.check_writable()  # said now, not when the first rater arrives
         if trials_per_rater is not None and trials_per_rater < 0:
             raise StudyError(f"trials per rater must be >= 0 (0: the whole plan), got {trials_per_rater}")
         if min_answer_ms < 0:
@@ -774,14 +788,18 @@ class RatingService:
             raise RatingError("enter your rater id to start")
         if len(rater) > MAX_RATER_ID or not rater.isprintable():
             raise RatingError(f"a rater id is at most {MAX_RATER_ID} printable characters")
-        row = self.db.rater(rater)
-        if row is None:
-            if not consent:
-                raise RatingError("please read the information above and tick the consent box to start")
-            self.db.add_rater(rater, self.study.rater_seed(rater))
+        try:
             row = self.db.rater(rater)
-        seed, _, practice_done = row
-        session = self.db.new_session(rater)
+            if row is None:
+                if not consent:
+                    raise RatingError("please read the information above and tick the consent box to start")
+                self.db.add_rater(rater, self.study.rater_seed(rater))
+                row = self.db.rater(rater)
+            seed, _, practice_done = row
+            session = self.db.new_session(rater)
+        except sqlite3.Error as e:  # a full disk, a read-only file: nothing of the rater's is lost
+            raise RatingError(f"the ratings database cannot be written to right now ({e}); please tell "
+                              "the study's organiser, then press Start again") from e
         return {"study": self.study.study_id, "rater": rater, "session": session, "seed": seed,
                 "practice": self.study.n_practice if practice_done else 0, "pending": None}
 
@@ -843,10 +861,15 @@ class RatingService:
                               "a choice (a double press?). Any answer before it is recorded; this pair still "
                               "waits for yours.")
         if p["practice"]:
+            if p["index"] + 1 >= self.study.n_practice:
+                try:  # before the state moves on: a failed write leaves the pair waiting, as below
+                    self.db.practice_done(state["rater"])
+                except sqlite3.Error as e:
+                    raise RatingError(f"the end of your practice could not be saved ({e}): please "
+                                      "choose again") from e
             state["pending"] = None
             state["practice"] = p["index"] + 1
             if state["practice"] >= self.study.n_practice:
-                self.db.practice_done(state["rater"])
                 return "Practice finished. The real pairs start now: your answers are recorded."
             return "Practice answer noted (not recorded)."
         t = self.study.plan(state["seed"])[p["index"]]

@@ -276,6 +276,32 @@ def test_a_failed_write_keeps_the_pair_waiting(study_copy):
     assert row["trial"] == shown.trial.index and row["chosen_side"] == "left"
     with pytest.raises(StudyError, match="trials per rater must be >= 0"):
         RatingService(st, trials_per_rater=-3)
+    # the same at the end of practice (the rater's last practice pair stays waiting, not stuck)
+    # and at Start; and a database that cannot be written at all is refused when serving starts
+    p = svc.begin("r2", consent=True)
+    for _ in range(N_PRACTICE - 1):
+        svc.show(p)
+        svc.answer(p, "left")
+    last = svc.show(p)
+    fail = "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+    with sqlite3.connect(svc.db.path) as con:
+        con.execute(f"CREATE TRIGGER fail BEFORE UPDATE ON raters {fail}")
+    with pytest.raises(RatingError, match="end of your practice could not be saved.*choose again"):
+        svc.answer(p, "right", token=last.token)
+    assert p["pending"]["token"] == last.token and p["practice"] == N_PRACTICE - 1
+    with sqlite3.connect(svc.db.path) as con:
+        con.execute("DROP TRIGGER fail")
+        con.execute(f"CREATE TRIGGER fail BEFORE INSERT ON raters {fail}")
+        con.execute(f"CREATE TRIGGER fail_meta BEFORE UPDATE ON meta {fail}")
+    with pytest.raises(RatingError, match="cannot be written to right now.*press Start again"):
+        svc.begin("r3", consent=True)
+    with pytest.raises(StudyError, match="judgments could not be written there"):
+        RatingService(st)
+    with sqlite3.connect(svc.db.path) as con:
+        con.execute("DROP TRIGGER fail")
+        con.execute("DROP TRIGGER fail_meta")
+    assert svc.answer(p, "right", token=last.token).startswith("Practice finished")
+    assert svc.begin("r3", consent=True)["practice"] == 0
 
 
 def _rater_worker(folder, db, rater, q):
