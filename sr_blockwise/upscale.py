@@ -491,10 +491,10 @@ class Summary:
                        f"{g['images']} ({mode} {g['seconds']:.2f} s, greedy {g['greedy_seconds']:.2f} s){same}")
         if self.no_face:
             out.append("no face found (not written):")
-            out.extend(f"  {p}" for p in self.no_face[:50])
+            out.extend(f"  {_shown(p)}" for p in self.no_face[:50])
         if self.failed:
             out.append("failed:")
-            out.extend(f"  {p}: {r}" for p, r in self.failed[:50])
+            out.extend(f"  {_shown(p)}: {_shown(r)}" for p, r in self.failed[:50])
             if len(self.failed) > 50:
                 out.append(f"  ... and {len(self.failed) - 50} more (see --metrics)")
         if self.metrics_error:
@@ -592,6 +592,15 @@ def _printable(text: str) -> str:
     """File names that are not valid UTF-8 shown with their odd bytes escaped (caf\\xe9.png), as
     stderr shows them: printing them as they are can fail on stdout."""
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), *range(127, 160)]} | {9: "\\t", 10: "\\n", 13: "\\r"}
+
+
+def _shown(path) -> str:
+    """A path as a message shows it: control characters escaped (a newline in a name would split
+    a line, an escape sequence would reach the terminal), odd bytes as _printable does."""
+    return _printable(str(path).translate(_CONTROL))
 
 
 class _StopFlag:
@@ -699,7 +708,7 @@ def run(cfg: Config) -> int:
             f"(e.g. {no_gt[0].src}): they get no PSNR / SSIM")
     if cfg.dry_run:
         for j in jobs:
-            print(_printable(f"{'skip' if id(j) in skip else 'todo'}\t{j.src}\t{j.out}"))
+            print(f"{'skip' if id(j) in skip else 'todo'}\t{_shown(j.src)}\t{_shown(j.out)}")
         return 0
 
     # a bad mode fails here, before the model loads (the options are made again with the model)
@@ -768,7 +777,7 @@ def run(cfg: Config) -> int:
     def fail(j: Job, reason: str):
         s.failed.append((str(j.src), reason))
         metrics.add({**names(j), "status": "failed", "reason": reason})
-        bar.write(f"failed: {j.src}: {reason}", file=sys.stderr)
+        bar.write(f"failed: {_shown(j.src)}: {_shown(reason)}", file=sys.stderr)
         bar.update(1)
 
     photos = {}  # id(job) -> (Photo, results so far): a photo's outputs wait for all its faces
@@ -788,7 +797,7 @@ def run(cfg: Config) -> int:
                 fail(j, f"{type(e).__name__}: {e}")
                 continue
             if ph.warn:
-                bar.write(f"warning: {j.src}: {ph.note}", file=sys.stderr)
+                bar.write(f"warning: {_shown(j.src)}: {ph.note}", file=sys.stderr)
             if not ph.faces:  # --no-face skip
                 s.no_face.append(str(j.src))
                 metrics.add({**names(j), "status": "no face", "reason": ph.note})
@@ -822,7 +831,7 @@ def run(cfg: Config) -> int:
                 except BadImage as e:
                     row["reason"] = f"ground truth unusable: {e}"
                     if n == 0 and not cfg.quiet:  # once a photo (written last)
-                        bar.write(f"warning: {j.src}: ground truth unusable: {e}", file=sys.stderr)
+                        bar.write(f"warning: {_shown(j.src)}: ground truth unusable: {e}", file=sys.stderr)
             if gt is not None:
                 row["psnr"], row["ssim"] = quality(gt, img)
                 row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))

@@ -414,6 +414,20 @@ def test_file_names_need_not_be_utf8(tmp_path, fast, capsys, rng):
         str(src / odd), str(src / "ok.png")]
 
 
+def test_control_characters_in_names_are_escaped_in_messages(tmp_path, fast, capsys, rng):
+    """A newline in a name does not split a message line, an escape sequence does not reach the
+    terminal; the file is still an input like any other, and its output keeps its name."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    save(src / "new\nline.png", tiny8(rng))
+    (src / "bad\x1b[31m.png").write_text("not an image")
+    assert main([str(src), "-o", str(out), "--metrics", str(tmp_path / "m.csv")] + fast) == 1
+    said = capsys.readouterr()
+    assert "\x1b" not in said.err + said.out and "\\x1b[31m.png" in said.err
+    failed = [line for line in said.out.splitlines() if "bad" in line]
+    assert failed and all("\\x1b[31m.png" in line for line in failed)
+    assert (out / "new\nline.png").is_file()
+
+
 def test_shards_and_seeds_of_utf8_names_did_not_move():
     """os.fsencode gives valid UTF-8 names the bytes str.encode gave: shards and samples stay."""
     from pathlib import PurePosixPath as P
