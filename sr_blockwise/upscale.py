@@ -815,37 +815,52 @@ def run(cfg: Config) -> int:
     def write_photo(j: Job, ph: Photo, results: dict) -> None:
         """A photo's outputs, once all its faces are decoded: the further faces, the pasted photo,
         then face 0 last, since --skip-existing takes a photo whose face 0 (and compare strip and
-        pasted photo) exists for done: a run stopped between two of its faces leaves none written."""
-        for n in reversed(range(len(ph.faces))):
-            img, lr, row, _ = results[n]
-            face = ph.faces[n]
-            aligned = not isinstance(face, tuple)
-            out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
-            if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
-                raise ValueError(f"{out} is an input file: not overwritten")
-            gt = None
-            if j.gt is not None:
-                row["ground_truth"] = str(j.gt)
-                try:
-                    gt = load_ground_truth(j.gt, face if aligned else None, ph.image.size if aligned else None)
-                except BadImage as e:
-                    row["reason"] = f"ground truth unusable: {e}"
-                    if n == 0 and not cfg.quiet:  # once a photo (written last)
-                        bar.write(f"warning: {_shown(j.src)}: ground truth unusable: {e}", file=sys.stderr)
-            if gt is not None:
-                row["psnr"], row["ssim"] = quality(gt, img)
-                row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))
-            if n == 0 and j.paste is not None:  # before face 0: the photo is done when face 0 is there
-                if aligned:
-                    from .faces import paste_back, paste_scale
-                    whole = paste_back(ph.image, ph.faces, [results[i][0] for i in range(len(ph.faces))],
-                                       paste_scale(ph.image.size))
-                else:  # an 8x8 or 32x32 input: the result is the whole photo
-                    whole = img
-                save_atomic(whole, j.paste, cfg.ext)
-            if compare is not None:
-                save_atomic(compare_strip(lr, img, gt), compare, cfg.ext)
-            save_atomic(img, out, cfg.ext)
+        pasted photo) exists for done: a run stopped between two of its faces leaves none written.
+        A write that fails (a full disk) takes back the photo's files written before it."""
+        written = []
+        try:
+            for n in reversed(range(len(ph.faces))):
+                write_face(j, ph, results, n, written)
+        except BaseException:
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
+
+    def write_face(j: Job, ph: Photo, results: dict, n: int, written: list) -> None:
+        """Face n's output (and compare strip; with face 0 the pasted photo), each path added to
+        `written` once it is there."""
+        img, lr, row, _ = results[n]
+        face = ph.faces[n]
+        aligned = not isinstance(face, tuple)
+        out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
+        if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
+            raise ValueError(f"{out} is an input file: not overwritten")
+        gt = None
+        if j.gt is not None:
+            row["ground_truth"] = str(j.gt)
+            try:
+                gt = load_ground_truth(j.gt, face if aligned else None, ph.image.size if aligned else None)
+            except BadImage as e:
+                row["reason"] = f"ground truth unusable: {e}"
+                if n == 0 and not cfg.quiet:  # once a photo (written last)
+                    bar.write(f"warning: {_shown(j.src)}: ground truth unusable: {e}", file=sys.stderr)
+        if gt is not None:
+            row["psnr"], row["ssim"] = quality(gt, img)
+            row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))
+        if n == 0 and j.paste is not None:  # before face 0: the photo is done when face 0 is there
+            if aligned:
+                from .faces import paste_back, paste_scale
+                whole = paste_back(ph.image, ph.faces, [results[i][0] for i in range(len(ph.faces))],
+                                   paste_scale(ph.image.size))
+            else:  # an 8x8 or 32x32 input: the result is the whole photo
+                whole = img
+            save_atomic(whole, j.paste, cfg.ext)
+            written.append(j.paste)
+        if compare is not None:
+            save_atomic(compare_strip(lr, img, gt), compare, cfg.ext)
+            written.append(compare)
+        save_atomic(img, out, cfg.ext)
+        written.append(out)
 
     shown = [0.0]
 

@@ -179,6 +179,29 @@ def test_a_stop_finishes_the_photo_begun_and_its_faces_are_written_together(tmp_
             "pair_face0.png", "pair_face2.png", "z_face0.png"]
 
 
+def test_a_photo_whose_writing_fails_leaves_none_of_its_files(tmp_path, fast, capsys, monkeypatch):
+    """The disk fills up after a photo's second face is written (injected, at face 0): the photo
+    is reported failed and its files written before are taken back, so no face file stands for
+    a photo no metrics row describes; the run resumed is complete."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    two_faces().save(src / "pair.png")
+    real_save = upscale.save_atomic
+
+    def fills_up(img, path, ext):
+        if "_face0" in path.name:
+            raise OSError(28, "No space left on device")
+        real_save(img, path, ext)
+    monkeypatch.setattr(upscale, "save_atomic", fills_up)
+    args = [str(src), "-o", str(out), "--faces", "all", "--paste-back"] + fast
+    assert main(args) == 1
+    assert "writing failed: OSError" in capsys.readouterr().out
+    assert (not out.exists() or list(out.iterdir()) == []) and leftovers(tmp_path) == []
+    monkeypatch.setattr(upscale, "save_atomic", real_save)
+    assert main(args + ["--skip-existing"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png", "pair_pasted.png"]
+
+
 def test_a_metrics_file_that_cannot_be_written_loses_no_output(tmp_path, fast, capsys, monkeypatch, rng):
     """The disk fills up under the metrics file (injected): every image is still written, the
     periodic write warns once and the run goes on, and the summary and exit code 1 say so."""
