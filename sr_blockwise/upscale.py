@@ -541,13 +541,15 @@ class Metrics:
         goes on: the outputs matter more, and the final write tries again."""
         if time.time() - self.last > every:
             try:
-                self.write(summary)
+                self.write(summary, finished=False)
             except OSError as e:
                 if summary.metrics_error is None:
                     print(f"warning: metrics file {self.path}: {e}", file=sys.stderr)
                 summary.metrics_error = str(e)
 
-    def write(self, summary: Summary) -> None:
+    def write(self, summary: Summary, finished: bool = True) -> None:
+        """The rows so far; a JSON file's summary says whether the run had finished (a periodic
+        write's is of a run still going, or one killed before its final write)."""
         if not self.path:
             return
         self.last = time.time()
@@ -556,7 +558,7 @@ class Metrics:
         try:
             if self.path.suffix == ".json":
                 doc = {"settings": self.settings, "summary": {
-                    "done": summary.done, "skipped": summary.skipped, "failed": len(summary.failed),
+                    "finished": finished, "done": summary.done, "skipped": summary.skipped, "failed": len(summary.failed),
                     "interrupted": bool(summary.interrupted and summary.left), "seconds": summary.seconds,
                     "mean_block": float(np.mean(summary.blocks)) if summary.blocks else None,
                     "greedy_check": summary.greedy_check}, "images": self.rows}

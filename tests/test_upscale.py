@@ -241,6 +241,10 @@ def test_a_stop_that_leaves_nothing_undone_is_not_an_interrupted_run(tmp_path):
     assert s.exit_code == 0 and not any("not processed" in line for line in s.lines("greedy"))
     upscale.Metrics(str(tmp_path / "m.json"), {}, False).write(s)  # the metrics agree
     assert json.loads((tmp_path / "m.json").read_text())["summary"]["interrupted"] is False
+    assert json.loads((tmp_path / "m.json").read_text())["summary"]["finished"] is True
+    # a write made while the run goes on says so: a file left by a killed run is no finished run's
+    upscale.Metrics(str(tmp_path / "m.json"), {}, False).maybe_write(s, every=-1.0)
+    assert json.loads((tmp_path / "m.json").read_text())["summary"]["finished"] is False
     assert "3072 model calls per image" in s.lines("greedy")[-1] and "fewer than greedy" not in s.lines("greedy")[-1]
     assert upscale.Summary(total=3, done=2, interrupted=True).exit_code == 130
 
