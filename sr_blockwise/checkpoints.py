@@ -78,6 +78,10 @@ def resolve(name_or_path: str | Path) -> Path:
                            f"({p.with_suffix('.json').name}, whose \"file\" names the tensor file, with the "
                            "model's config and the file's sha256): pass the card")
     known = ", ".join(w["name"] for w in list_weights()) or "none"
+    if p.exists():  # a folder, a device, a file of another kind: it is there, but is no weights
+        what = "a folder" if p.is_dir() else "not a regular file" if not p.is_file() else "not a weights file"
+        raise WeightsError(f"{name_or_path}: {what}; weights are a card (.json, with its .safetensors "
+                           f"beside it), a training checkpoint (.pt) or a shipped name ({known})")
     raise WeightsError(f"no weights named or at {name_or_path!r} (shipped: {known})")
 
 

@@ -50,6 +50,11 @@ def test_wrong_or_damaged_weights_are_refused(tmp_path):
         load_model(js)
     with pytest.raises(WeightsError, match="no weights named"):
         load_model("no-such-weights")
+    # a path that is there but is no weights says what it is
+    (tmp_path / "adir.json").mkdir()
+    for there, what in [(tmp_path, "a folder"), (tmp_path / "adir.json", "a folder"), ("/dev/null", "not a regular file")]:
+        with pytest.raises(WeightsError, match=f"{what}; weights are a card"):
+            load_model(there)
 
 
 
