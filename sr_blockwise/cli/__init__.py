@@ -83,6 +83,14 @@ EXTRAS = {"gradio": "demo", "stlpips_pytorch": "eval", "torchsummary": "eval",
 
 
 def main(argv=None) -> int:
+    try:
+        return run_command(argv)
+    except KeyboardInterrupt:  # e.g. while the commands' modules load, before one handles Ctrl-C itself
+        print("\nsr-blockwise: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+def run_command(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rc = args.func(args)
