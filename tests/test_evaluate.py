@@ -204,6 +204,13 @@ def test_smoke_values(smoke):
     assert len(r["summary"]["exact_identical_to_greedy"]) == 4  # exact and exact-heads at k = 2, 4
     u = r["weights"][0]["uncached_timing"]
     assert u["prefix_tokens"] == 16 and u["prefix_tokens_match_cached"] == 1.0
+    # the estimate is the measured steps summed over the image (no fitted curve, which went
+    # below zero at short prefixes): every prefix length timed, the prefix predicted above zero
+    steps = {int(T): s for T, s in u["step_seconds_by_prefix"].items()}
+    L = min(steps)
+    assert sorted(steps) == list(range(L, 3072 + 1, L))
+    assert u["estimate_seconds_batch"] == pytest.approx(L * sum(steps.values()))
+    assert u["prefix_seconds_predicted"] == pytest.approx(16 * steps[L]) and u["prefix_check"] > 0
 
 
 def test_smoke_files(smoke):

@@ -19,8 +19,7 @@ def register(subparsers) -> None:
                     "block size, calls, seconds per image, speedup over greedy (with and without a KV "
                     "cache), PSNR / SSIM / perceptual distance against the real face and the exact output, "
                     "and bits/dim. Writes OUT/results.json, OUT/report.md, plots and image grids. "
-                    "Exit code 1 if exact mode ever differs from greedy, or the exact-mode replay from decoding.",
-)
+                    "Exit code 1 if exact mode ever differs from greedy, or the exact-mode replay from decoding.")
     p.add_argument("--weights", nargs="+", default=["cpu-frozen", "cpu-finetuned"],
                    help="weights names or .json/.pt paths; append :frozen or :fine-tuned to say which "
                         "Table 2 column they match if the name does not")

@@ -68,12 +68,14 @@ def time_uncached_greedy(model, lr: np.ndarray, greedy_images: np.ndarray, prefi
     1. run the real decoder on the first `prefix_tokens` tokens (measured; its tokens are checked
        against the KV-cached greedy output), and
     2. time one step (forward over T tokens + p1's argmax, as the decoder does) at each of the
-       3072 / L distinct prefix lengths T = L, 2L, ..., 3072 (median of `reps`), fit
-       cost(T) = a + b T, and sum: estimate = sum_i cost(T_i) = L * sum_j cost(j L).
+       3072 / L distinct prefix lengths T = L, 2L, ..., 3072 (median of `reps`), and sum:
+       estimate = sum_i step(T_i) = L * sum_j step(j L). No curve is fitted: a step's cost grows
+       faster than T (a straight line through the medians went below zero at T = L).
     With prefix_tokens=3072 the whole decode is run and its measured time is used instead.
-    The measured prefix of step 1 is compared with the same sum over its steps (`prefix_check`)."""
+    The measured prefix is compared with the same sum over its steps (`prefix_check`)."""
     L = model.cfg.block_len
     m = max(1, min(prefix_tokens, SEQ_LEN))
+    greedy_uncached(model, lr, 1, prior_weight)  # untimed: a first call's one-time costs are no step's
     tokens, prefix_s = greedy_uncached(model, lr, m, prior_weight)
     want = to_tokens(greedy_images)[:, :m]
     src = torch.from_numpy(to_tokens(lr)).to(device)
@@ -89,12 +91,8 @@ def time_uncached_greedy(model, lr: np.ndarray, greedy_images: np.ndarray, prefi
             _sync(device)
             times[T].append(time.perf_counter() - t0)
     step = {T: float(np.median(v)) for T, v in times.items()}
-    # a forward over T tokens costs a + b*T (local attention: every part is linear in T); the
-    # least-squares line through the medians smooths out the rest of the noise
-    b, a = np.polyfit(Ts, list(step.values()), 1) if len(Ts) > 1 else (0.0, step[L])
-    cost = lambda T: a + b * T
-    estimate = float(L * sum(cost(T) for T in step))
-    predicted_prefix = float(sum(cost((i // L + 1) * L) for i in range(m)))
+    estimate = float(L * sum(step.values()))
+    predicted_prefix = float(sum(step[(i // L + 1) * L] for i in range(m)))
     measured = m == SEQ_LEN  # the whole decode was run: no estimate needed
     return {"seconds_batch": prefix_s if measured else estimate, "measured": measured,
             "estimate_seconds_batch": estimate, "batch": len(lr), "prefix_tokens": m,
@@ -102,7 +100,6 @@ def time_uncached_greedy(model, lr: np.ndarray, greedy_images: np.ndarray, prefi
             "prefix_check": prefix_s / predicted_prefix if predicted_prefix else None,
             "prefix_tokens_match_cached": float((tokens == want).mean()),
             "linear_extrapolation_seconds_batch": prefix_s / m * SEQ_LEN,
-            "step_cost_fit": {"a": float(a), "b": float(b)},
             "step_seconds_by_prefix": {str(T): s for T, s in step.items()}}
 
 
