@@ -209,7 +209,7 @@ def test_a_metrics_file_that_cannot_be_written_loses_no_output(tmp_path, fast, c
     for name in ["x1.png", "x2.png"]:
         save(src / name, tiny8(rng))
 
-    def full(self, summary):
+    def full(self, summary, finished=True):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(upscale.Metrics, "write", full)
     # the periodic write after every batch, not every minute
