@@ -71,18 +71,20 @@ def plot_mean_block(result, path: Path):
 def plot_speedup(result, path: Path):
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharex=True)
-    g = {r["weights"]: r for r in result["records"] if r["method"] == "greedy"}
     for i, ((w, m), rows) in enumerate(_blockwise_lines(result).items()):
         c = f"C{i % 10}"
         ks = [1] + [r["k"] for r in rows]
         axes[0].plot(ks, [1.0] + [r["speedup_vs_greedy"] for r in rows], "o-", color=c, label=f"{w}, {m}")
-        axes[1].plot(ks, [g[w]["speedup_vs_uncached_greedy"]] + [r["speedup_vs_uncached_greedy"] for r in rows],
-                     "o-", color=c, label=f"{w}, {m}")
-    for ax, title in zip(axes, ["over greedy with a KV cache (same run)", "over greedy without a KV cache (est.)"]):
+        axes[1].plot(ks, [1.0] + [r["call_reduction"] for r in rows], "o-", color=c, label=f"{w}, {m}")
+    # the paper's decoders both re-run the prefix at every call: its wall-clock speedup follows
+    # the calls saved, so its peak belongs on the right
+    axes[1].plot([PAPER_PEAK["k"]], [PAPER_PEAK["speedup"]], "*", ms=14, color="black",
+                 label="paper: 4.0x wall clock at k=6 (fine-tuned, eps=2; no KV cache)")
+    for ax, title, ylabel in zip(axes, ["wall clock, over greedy with a KV cache (same run)",
+                                        "calls saved, over greedy (the paper's speedup follows these)"],
+                                 ["wall-clock speedup", "greedy calls / calls"]):
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.plot([PAPER_PEAK["k"]], [PAPER_PEAK["speedup"]], "*", ms=14, color="black",
-                label="paper: 4.0x at k=6 (fine-tuned, eps=2)")
-        ax.set(xlabel="k (block size)", ylabel="wall-clock speedup", title=title)
+        ax.set(xlabel="k (block size)", ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

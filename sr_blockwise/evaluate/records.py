@@ -87,13 +87,17 @@ def summarize(result: dict) -> dict:
     blk = [r for r in recs if r["method"] == "blockwise" and r["rule"] != "oracle"]  # oracle: a bound, not a decoder
     peak = max(blk, key=lambda r: r["speedup_vs_greedy"], default=None)
     peak_u = max(blk, key=lambda r: r["speedup_vs_uncached_greedy"], default=None)
+    # the paper's decoders both re-run the prefix at every call, so a call costs about the same
+    # whatever it verifies and its speedup follows the calls saved: ours to set beside it
+    peak_c = max(blk, key=lambda r: r["call_reduction"] or 0, default=None)
     pick = lambda r, f: None if r is None else {"weights": r["weights"], "k": r["k"], "mode": r["mode"], "speedup": r[f],
                                                 "mean_block": r["mean_block"]}
     return {"exact_identical_to_greedy": ident,
             "exact_all_identical": all(r["identical_to_greedy"] == 1.0 for r in exact),
             "replay_all_match": all(r["replay_matches_decoded"] == 1.0 for r in replayed),
             "peak_speedup_vs_greedy": pick(peak, "speedup_vs_greedy"),
-            "peak_speedup_vs_uncached_greedy": pick(peak_u, "speedup_vs_uncached_greedy")}
+            "peak_speedup_vs_uncached_greedy": pick(peak_u, "speedup_vs_uncached_greedy"),
+            "peak_call_reduction": pick(peak_c, "call_reduction")}
 
 
 def _index(result):
