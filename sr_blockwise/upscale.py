@@ -314,15 +314,14 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
         if _resolve(o) in protected:
             raise ValueError(f"OUTDIR {outdir} would overwrite {o}, which is an input; "
                              "choose another OUTDIR (or --suffix / --ext)")
-    # nor are other files beside them: results written into a folder that holds inputs (photos/*.jpg
-    # -o photos) would replace whatever photo there has an output's name
-    input_folders = {_resolve(j.src.parent): j for j in ordered}
-    for o in outs:
-        if _resolve(o.parent) in input_folders:
-            j = input_folders[_resolve(o.parent)]
-            raise ValueError(f"OUTDIR {outdir} would put results among the inputs in {j.src.parent} "
-                             f"(e.g. {j.src}), where they could replace other files; choose a folder "
-                             "of their own")
+    # nor are other files beside them: in a folder that holds inputs (photos/*.jpg -o photos), a
+    # result would replace a photo there that has its name (group1.png); --skip-existing leaves it
+    input_folders = {_resolve(j.src.parent) for j in ordered}
+    if not cfg.skip_existing:
+        for o in outs:
+            if _resolve(o.parent) in input_folders and o.exists():
+                raise ValueError(f"{_shown(o)} exists beside the inputs and a result would replace it: "
+                                 "choose another OUTDIR, or --suffix / --ext (or --skip-existing to leave it)")
 
     i, n = parse_shard(cfg.shard)
     mine = [j for j in ordered if shard_of(j.rel, n) == i]
@@ -872,6 +871,7 @@ def run(cfg: Config) -> int:
             bar.set_postfix_str(f"batch {done_counts.mean() / SEQ_LEN:.0%}", refresh=True)
 
     t1 = time.perf_counter()
+    ended = False  # the run came to its end, or to a stop asked for; not a crash
     try:
         with _StopFlag(cfg.quiet) as stop:
             for batch in batches():
@@ -928,13 +928,14 @@ def run(cfg: Config) -> int:
                     break  # written together (batches() reads no further file)
             # Ctrl-C: stopped after the batch in hand (one whose decoding failed ends in batches())
             s.interrupted = stop.set
+        ended = True
     except KeyboardInterrupt:  # the second Ctrl-C: the batch in flight is dropped
-        s.interrupted = True
+        s.interrupted = ended = True
     finally:
         s.seconds = time.perf_counter() - t1
         bar.close()
         try:
-            metrics.write(s)
+            metrics.write(s, finished=ended)  # not after a crash: the file then says the run broke off
             s.metrics_error = None
         except OSError as e:
             s.metrics_error = f"{mpath}: {e}"

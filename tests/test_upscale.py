@@ -202,6 +202,22 @@ def test_a_photo_whose_writing_fails_leaves_none_of_its_files(tmp_path, fast, ca
     assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png", "pair_pasted.png"]
 
 
+def test_a_crashed_runs_metrics_say_it_did_not_finish(tmp_path, fast, monkeypatch, rng):
+    """A run that breaks off with an error (out of memory, a bug) still writes the rows it has,
+    and its JSON summary says the run did not finish."""
+    src = tmp_path / "in"
+    for name in ["x1.png", "x2.png"]:
+        save(src / name, tiny8(rng))
+
+    def crash(s):
+        raise RuntimeError("out of memory (injected)")
+    monkeypatch.setattr(upscale, "after_batch", crash)
+    with pytest.raises(RuntimeError, match="injected"):
+        main([str(src), "-o", str(tmp_path / "out"), "--metrics", str(tmp_path / "m.json"), "--batch-size", "1"] + fast)
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["summary"]["finished"] is False and [r["status"] for r in doc["images"]] == ["done"]
+
+
 def test_a_metrics_file_that_cannot_be_written_loses_no_output(tmp_path, fast, capsys, monkeypatch, rng):
     """The disk fills up under the metrics file (injected): every image is still written, the
     periodic write warns once and the run goes on, and the summary and exit code 1 say so."""
@@ -303,9 +319,9 @@ def test_planning_rules(tmp_path, capsys, rng):
      "is a folder"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--threads", "-1"], "--threads must be >= 0"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "greedy", "--k", "4"], "greedy decoding takes one"),
-    # results among the inputs could replace another photo there (a.jpg -> a/y.png, over the user's y.png)
-    (lambda t: (save(t / "a" / "y.png", tiny8(np.random.default_rng(1))), [str(t / "a" / "x.png"), "-o", str(t / "a"),
-                                                                         "--suffix", "_up"])[1], "among the inputs"),
+    # a result beside the inputs would replace another photo there (x.png -> a/x_up.png, the user's)
+    (lambda t: (save(t / "a" / "x_up.png", tiny8(np.random.default_rng(1))),
+                [str(t / "a" / "x.png"), "-o", str(t / "a"), "--suffix", "_up"])[1], "exists beside the inputs"),
     (lambda t: [str(t / "a" / "*.png"), "-o", str(t / "a")], "is the folder of the pattern"),
     # a flag the mode would not read is refused, not dropped
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--eps", "5"], "only --mode approx"),
@@ -318,6 +334,15 @@ def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, 
     assert main(args + ([] if "--weights" in args else ["--weights", tiny_weights])) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_result_may_go_beside_its_photo(tmp_path, capsys, rng):
+    """Writing results into the inputs' own folder is fine where no file there has a result's
+    name; the refusal is for replacing one (the test above)."""
+    save(tmp_path / "a" / "x.png", tiny8(rng))
+    save(tmp_path / "a" / "y.png", tiny8(rng))
+    rows = dry_run(capsys, [str(tmp_path / "a" / "x.png"), "-o", str(tmp_path / "a"), "--suffix", "_up"])
+    assert [Path(o).name for _, _, o in rows] == ["x_up.png"]
 
 
 def test_exit_codes_in_a_real_process(tmp_path, tiny_weights):
