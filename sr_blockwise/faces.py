@@ -245,8 +245,8 @@ def detect_copy(img: Image.Image, max_side: int = DETECT_MAX_SIDE) -> tuple[Imag
 def detect(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float = MIN_SCORE
            ) -> list[tuple[np.ndarray, float, np.ndarray]]:
     """Faces MTCNN finds: [(box (4,), score, landmarks (5, 2))] in the photo's pixels, largest
-    first, on the copy detect_copy makes. A face counts where its landmarks' centre lies in the
-    photo: a small photo's mirrored border, there for context, holds mirror images of its faces."""
+    first, on the copy detect_copy makes. A small photo's mirrored border, there for context,
+    holds mirror images of its faces: those are dropped (mirror_image)."""
     img = to_rgb(img)
     work, pad = detect_copy(img, max_side)
     if min(work.size) < MIN_FACE:
@@ -255,8 +255,27 @@ def detect(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float =
     sx, sy = (img.width + 2 * pad) / work.width, (img.height + 2 * pad) / work.height  # exact, whatever the rounding
     found = [(b[:4] * [sx, sy, sx, sy] - pad, float(b[4]), m * [sx, sy] - pad)
              for b, m in zip(boxes, marks) if b[4] >= min_score]
-    found = [f for f in found if 0 <= f[2][:, 0].mean() < img.width and 0 <= f[2][:, 1].mean() < img.height]
+    if pad:
+        found = [f for f in found if not mirror_image(f, found, img.size)]
     return sorted(found, key=lambda f: -(f[0][2] - f[0][0]) * (f[0][3] - f[0][1]))
+
+
+def mirror_image(face, found, size) -> bool:
+    """Whether a face found on a small photo's mirrored copy is a mirror image from its border,
+    not a face of the photo: its landmarks' centre lies outside the photo by more than a quarter
+    of its box's width, or outside at all and its reflection back across the photo's edge lands
+    on another face found (a face the photo cuts through, centred just outside, is kept)."""
+    (l, t, r, b), _, marks = face
+    w, h = size
+    cx, cy = marks.mean(0)
+    margin = (r - l) / 4
+    if not (-margin <= cx < w + margin and -margin <= cy < h + margin):
+        return True
+    if 0 <= cx < w and 0 <= cy < h:
+        return False
+    rx = -cx if cx < 0 else 2 * w - cx if cx >= w else cx  # reflected into the photo
+    ry = -cy if cy < 0 else 2 * h - cy if cy >= h else cy
+    return any(o is not face and np.hypot(*(o[2].mean(0) - [rx, ry])) < margin for o in found)
 
 
 # ---------------------------------------------------------------- alignment
