@@ -12,6 +12,13 @@ from .records import PAPER_PEAK, PAPER_TABLE2, _blockwise_lines, _index
 from .store import write_json
 
 
+def split_words(data: dict) -> str:
+    """Which faces a result is of: the project's held-out test split, or a folder's faces where
+    they carry no CelebA partition (all are test faces then)."""
+    return ("the project's held-out test split" if data.get("labelled", True)
+            else "the faces of a folder without CelebA partition labels")
+
+
 def paper_comparison(summary: dict) -> str:
     """The paper's peak beside ours measured as it was: neither of its decoders caches, so a call
     costs about the same whatever it verifies and its speedup follows the calls saved."""
@@ -171,7 +178,7 @@ def differences(result) -> list[str]:
                   f"load average {m['load_average_start']} at the start, {m['load_average_end']} at the end")
                + " (other processes slow every timing alike, not fairly: greedy runs first).")
     out.append(f"Data: the paper reports CelebA dev images; we use the first {result['data']['n_images']} faces of "
-               f"the project's held-out test split ({result['data']['split_size']} faces), 8x8 made by 4x4 box "
+               f"{split_words(result['data'])} ({result['data']['split_size']} faces), 8x8 made by 4x4 box "
                "averaging.")
     return out
 
@@ -190,7 +197,7 @@ def report_markdown(result, files) -> str:
     parts = [
         "# Blockwise parallel decoding: evaluation",
         produced +
-        f"Data: `{d['path']}`, held-out test split, "
+        f"Data: `{d['path']}`, {split_words(d)}, "
         + (f"faces {d['first']}..{d['first'] + d['n_images'] - 1}" if d.get("first") else f"first {d['n_images']}")
         + f" of {d['split_size']} faces. "
         f"Batch size {s['batch_size']}, {s['dtype']}."
@@ -272,10 +279,10 @@ def method_notes(result) -> list[str]:
         "Bits/dim: " + s["bits_per_dim"] + ".",
         f"Greedy without a KV cache: the real decoder (`decoding.greedy_uncached`) is timed on the first "
         f"{s['uncached_prefix_tokens']} tokens of one batch, and one step (forward over the prefix + argmax) is "
-        "timed (median of 3) at every prefix length it uses (whole attention blocks, L, 2L, ..., 3072); a line "
-        "a + b*T is fitted to those step costs and summed over the decoder's 3072 steps. Its cost per token "
-        "grows with the prefix over the whole image, so a linear extrapolation of the first tokens would be "
-        "too low (the row's notes give both).",
+        "timed (median of 3) at every prefix length it uses (whole attention blocks, L, 2L, ..., 3072); those "
+        "step costs are summed over the decoder's 3072 steps (no curve is fitted). Its cost per token grows "
+        "with the prefix over the whole image, so a linear extrapolation of the first tokens would be too low "
+        "(the row's notes give both).",
     ]
     store = s.get("decode_store") or {}
     if store.get("sittings"):
@@ -365,7 +372,7 @@ def headline_markdown(result, files) -> str:
                       f"batch {result['settings']['batch_size']}, {result['data']['n_images']} faces.")
         every_row = "Every row: block size, speed and quality from the same run:"
     return "\n\n".join([
-        "Mean accepted block size on the held-out test split, ours (paper's Table 2):",
+        f"Mean accepted block size on {split_words(result['data'])}, ours (paper's Table 2):",
         table2_markdown(result), peak, every_row,
         summary_markdown(result),
         f"![speedup vs k]({Path(files['plot_speedup']).name})",

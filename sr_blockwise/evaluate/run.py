@@ -205,7 +205,9 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "complete": False,
         "created": None, "command": cfg.command(), "machine": machine_info(cfg.device),
         "data": {"path": portable_path(data_path), "split": "test", "first": first, "n_images": n,
-                 "split_size": len(faces), "first_images": faces.names[first:first + 3]},
+                 "split_size": len(faces), "first_images": faces.names[first:first + 3],
+                 # a folder without CelebA partition labels: every face counts as a test face
+                 "labelled": bool((np.asarray(faces.split) >= 0).any())},
         "settings": {"ks": ks, "modes": [m.name for m in modes], "batch_size": cfg.batch_size,
                      "dtype": cfg.dtype, "device": cfg.device, "psnr": dict(metrics.PSNR_SETTINGS),
                      "ssim": dict(metrics.SSIM_SETTINGS),
