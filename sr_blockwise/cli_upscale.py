@@ -65,8 +65,8 @@ def register(subparsers) -> None:
                         "--no-match-input saves the decoder's own output")
     p.add_argument("--prior-weight", type=float, default=None, metavar="W",
                    help="input guidance: the weight of the model's learned prior toward the 8x8 input's "
-                        "own intensities (1: the model as trained; default: sr_blockwise.decoding."
-                        "DEFAULT_PRIOR_WEIGHT where the model has that prior, else 1; see the README; large "
+                        "own intensities (1: the model as trained; default: 2, sr_blockwise.decoding."
+                        "DEFAULT_PRIOR_WEIGHT, where the model has that prior, else 1; see the README; large "
                         "values give a blocky upscale)")
     p.add_argument("--faces", default="largest", choices=FACES,
                    help="largest: the largest face found in each photo, aligned to the framing the model was "

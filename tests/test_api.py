@@ -260,8 +260,14 @@ def test_every_commands_help_gives_its_defaults():
         assert "(default:None)" not in text and "default:default" not in text, parser.prog
         for action in parser._actions:
             if cli.worth_saying(action) and "default" not in (action.help or "").lower():
-                want = re.sub(r"\s+", "", f"default: {action.default}")
+                want = re.sub(r"\s+", "", f"default: {cli.shown_default(action)}")
                 assert want in text, (parser.prog, action.option_strings)
+    # flags say what they do, not a default that reads as on; numbers, not names of constants
+    from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT
+    helps = {p.prog: re.sub(r"\s+", " ", p.format_help()) for p in parsers}
+    assert "no bf16 autocast (default" not in helps["sr-blockwise train"]
+    assert "(default: )" not in helps["sr-blockwise upscale"]
+    assert f"default: {DEFAULT_PRIOR_WEIGHT:g}, sr_blockwise.decoding.DEFAULT_PRIOR_WEIGHT" in helps["sr-blockwise upscale"]
 
 
 def test_a_ctrl_c_while_a_command_starts_ends_it_in_one_line(tmp_path):

@@ -36,12 +36,20 @@ class DefaultsHelp(argparse.HelpFormatter):
         text = action.help or ""
         if "default" in text.lower() or not worth_saying(action):
             return text
-        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+        return f"{text} (default: {shown_default(action)})" if text else f"default: {shown_default(action)}"
 
 
 def worth_saying(action) -> bool:
-    return bool(action.option_strings) and not (action.default is None or action.default is False
-                                                or action.default == argparse.SUPPRESS)
+    """An option whose default tells something: not a flag (store_true and the like say what they
+    do), not None, '' or argparse's SUPPRESS."""
+    return (bool(action.option_strings) and action.nargs != 0 and action.default not in (None, "")
+            and action.default is not False and action.default != argparse.SUPPRESS)
+
+
+def shown_default(action) -> str:
+    d = action.default
+    text = " ".join(map(str, d)) if isinstance(d, (list, tuple)) else str(d)
+    return text.replace("%", "%%")  # argparse %-formats help strings
 
 
 def _every_parser(parser):
@@ -65,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser.formatter_class = DefaultsHelp
         for action in parser._actions:
             if not action.help and worth_saying(action):  # argparse shows nothing for an option without help
-                action.help = "default: %(default)s"
+                action.help = f"default: {shown_default(action)}"
     return p
 
 
