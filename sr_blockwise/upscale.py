@@ -543,7 +543,7 @@ class Metrics:
                 self.write(summary, finished=False)
             except OSError as e:
                 if summary.metrics_error is None:
-                    print(f"warning: metrics file {self.path}: {e}", file=sys.stderr)
+                    print(_shown(f"warning: metrics file {self.path}: {e}"), file=sys.stderr)
                 summary.metrics_error = str(e)
 
     def write(self, summary: Summary, finished: bool = True) -> None:
@@ -695,7 +695,8 @@ def run(cfg: Config) -> int:
                    and (j.compare is None or j.compare.is_file()) and (j.paste is None or j.paste.is_file())]
     skip = {id(j) for j in done_before}
     todo = [j for j in jobs if id(j) not in skip]
-    say = (lambda *a: None) if cfg.quiet else (lambda msg: print(msg, file=sys.stderr))
+    # a message names paths: their control characters escaped, as everywhere (a message is one line)
+    say = (lambda *a: None) if cfg.quiet else (lambda msg: print(_shown(msg), file=sys.stderr))
     shard_i, shard_n = info["shard"]
     say(f"{info['total']} image{'' if info['total'] == 1 else 's'} under {info['base']}"
         + (f", shard {shard_i}/{shard_n}: {len(jobs)}" if shard_n > 1 else "")
@@ -762,14 +763,14 @@ def run(cfg: Config) -> int:
     unlike = kept_unlike("match_input", lambda v: str(v or False), str(cfg.match_input))
     if unlike:
         print(f"warning: {len(unlike)} outputs kept by --skip-existing were saved "
-              f"{'without' if cfg.match_input else 'with'} --match-input (e.g. {unlike[0].out}); the new ones "
+              f"{'without' if cfg.match_input else 'with'} --match-input (e.g. {_shown(unlike[0].out)}); the new ones "
               f"are {'' if cfg.match_input else 'not '}matched. Rerun those without --skip-existing, or pass "
               f"--{'no-' if cfg.match_input else ''}match-input, to keep them alike", file=sys.stderr)
     # likewise the input guidance; rows of runs before it existed were decoded at weight 1
     unlike = kept_unlike("prior_weight", lambda v: float(v or 1), prior_weight)
     if unlike:
         print(f"warning: {len(unlike)} outputs kept by --skip-existing were decoded with another "
-              f"--prior-weight (e.g. {unlike[0].out}); the new ones use {prior_weight:g}. Rerun those without "
+              f"--prior-weight (e.g. {_shown(unlike[0].out)}); the new ones use {prior_weight:g}. Rerun those without "
               f"--skip-existing, or pass the old --prior-weight, to keep them alike", file=sys.stderr)
 
     bar = tqdm(total=len(todo), unit="img", desc="upscale" + (f" {shard_i}/{shard_n}" if shard_n > 1 else ""),
@@ -844,7 +845,7 @@ def run(cfg: Config) -> int:
             except BadImage as e:
                 row["reason"] = f"ground truth unusable: {e}"
                 if n == 0 and not cfg.quiet:  # once a photo (written last)
-                    bar.write(f"warning: {_shown(j.src)}: ground truth unusable: {e}", file=sys.stderr)
+                    bar.write(_shown(f"warning: {j.src}: ground truth unusable: {e}"), file=sys.stderr)
         if gt is not None:
             row["psnr"], row["ssim"] = quality(gt, img)
             row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))

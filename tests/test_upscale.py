@@ -478,6 +478,13 @@ def test_control_characters_in_names_are_escaped_in_messages(tmp_path, fast, cap
     failed = [line for line in said.out.splitlines() if "bad" in line]
     assert failed and all("\\x1b[31m.png" in line for line in failed)
     assert (out / "new\nline.png").is_file()
+    # the other messages too: the first line's ignored files, a refusal naming a path
+    (src / "note\x1b[31m.txt").write_text("x")
+    assert main([str(src), "-o", str(tmp_path / "out2"), "--dry-run"]) == 0
+    assert "note\\x1b[31m.txt" in capsys.readouterr().err
+    assert main([str(tmp_path / "no\nsuch"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no\\nsuch" in err and len(err.strip().splitlines()) == 1
 
 
 def test_shards_and_seeds_of_utf8_names_did_not_move():

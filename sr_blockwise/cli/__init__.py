@@ -103,7 +103,9 @@ def run_command(argv=None) -> int:
     try:
         rc = args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
-        print(f"sr-blockwise {args.command}: error: {e}", file=sys.stderr)
+        # one line: a control character in a path it names (a newline, an escape sequence) escaped
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(e))
+        print(f"sr-blockwise {args.command}: error: {text}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as e:
         extra = EXTRAS.get((e.name or "").split(".")[0])
