@@ -155,6 +155,9 @@ class Upscaler:
             raise ValueError(f"got {len(seeds)} seeds for {len(items)} images")
         opts = self.options(mode, k=k, eps=eps, temperature=temperature,
                             seed=int(seeds[0]) if seeds else 0, prior_weight=prior_weight)
+        bad = [s for s in seeds if not 0 <= int(s) < 2**32] if opts.temperature > 0 else []
+        if bad:  # every image's seed, not only the first one the options saw: before any decoding
+            raise ValueError(f"seed must be a whole number in 0..{2**32 - 1}, got {bad[0]}")
         lrs = np.stack([self.prepare(x, None if single else f"image {i}") for i, x in enumerate(items)]) \
             if items else np.zeros((0, 8, 8, 3), np.uint8)
         outs, stats = [], []

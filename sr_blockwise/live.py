@@ -75,7 +75,7 @@ def parse_choice(choice: str | None) -> int | tuple | str:
     if c == CENTRE:
         return CENTRE
     parts = [p for p in c.replace("box", "").replace(":", " ").replace(",", " ").split() if p]
-    if len(parts) == 1 and parts[0].isdigit() and int(parts[0]) >= 1:  # plain digits: "1e3" is no face number
+    if len(parts) == 1 and parts[0].isascii() and parts[0].isdigit() and int(parts[0]) >= 1:  # "1e3", "²": no face number
         return int(parts[0]) - 1
     try:
         nums = [float(p) for p in parts]

@@ -126,6 +126,10 @@ def test_bad_settings_raise_value_errors(tiny):
                         ({"batch_size": 0}, "batch_size"), ({"seed": [1, 2]}, "2 seeds for 1 images")]:
         with pytest.raises(ValueError, match=message):
             tiny.upscale(img, **{"k": 4, **kw})
+    # every image's sampling seed is checked before any decoding, not only the first one
+    for seeds in ([0, -1], [0, 2**50]):
+        with pytest.raises(ValueError, match="seed must be a whole number in 0.."):
+            tiny.upscale([img, img], mode="sample", k=4, seed=seeds, batch_size=1)
     with pytest.raises(ValueError, match="no weights"):
         Upscaler("no-such-weights")
     with pytest.raises(ValueError, match="dtype"):

@@ -142,7 +142,8 @@ def test_face_choices(files):
     boxed = prepare_input(files["pair"], "600, 200, 612, 212")  # a face a few pixels wide
     assert "the box 600, 200, 612, 212" in boxed.note and boxed.chosen.how == "box"
     for bad, why in [("3", "2 faces found"), ("eyes", "give a face number"), ("1, 2", "give a face number"),
-                     ("1e3", "give a face number"), ("2.0", "give a face number"), ("1, 2, nan, 4", "give a face number")]:
+                     ("1e3", "give a face number"), ("2.0", "give a face number"), ("²", "give a face number"),
+                     ("1, 2, nan, 4", "give a face number")]:
         with pytest.raises(BadImage, match=why):
             prepare_input(files["pair"], bad)
     assert parse_choice("Centre square") == "centre square" and parse_choice("box: 1,2,3,4") == (1, 2, 3, 4)
