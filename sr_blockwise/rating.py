@@ -692,7 +692,8 @@ class RatingDB:
                 try:
                     con.execute("UPDATE meta SET value=value WHERE key='study_id'")
                 finally:
-                    con.execute("ROLLBACK")
+                    if con.in_transaction:  # a failed write may have rolled back already
+                        con.execute("ROLLBACK")
         except sqlite3.Error as e:
             raise StudyError(f"{self.path}: judgments could not be written there ({e})") from None
 

@@ -824,8 +824,11 @@ def run(cfg: Config) -> int:
             for n in reversed(range(len(ph.faces))):
                 write_face(j, ph, results, n, written)
         except BaseException:
-            for path in written:
-                path.unlink(missing_ok=True)
+            # and an earlier run's face 0, pasted photo or strip: --skip-existing would take the
+            # photo for done, with faces missing
+            for path in [*written, j.out, j.paste, j.compare]:
+                if path is not None:
+                    path.unlink(missing_ok=True)
             raise
 
     def write_face(j: Job, ph: Photo, results: dict, n: int, written: list) -> None:

@@ -200,6 +200,11 @@ def test_a_photo_whose_writing_fails_leaves_none_of_its_files(tmp_path, fast, ca
     monkeypatch.setattr(upscale, "save_atomic", real_save)
     assert main(args + ["--skip-existing"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png", "pair_pasted.png"]
+    # a run over those results that fails the same way takes the earlier face 0 back too: left
+    # there, it would make --skip-existing take the photo for done with its other faces gone
+    monkeypatch.setattr(upscale, "save_atomic", fills_up)
+    assert main(args) == 1
+    assert list(out.iterdir()) == []
 
 
 def test_a_crashed_runs_metrics_say_it_did_not_finish(tmp_path, fast, monkeypatch, rng):
