@@ -827,7 +827,7 @@ def run(cfg: Config) -> int:
             # and an earlier run's face 0, pasted photo or strip: --skip-existing would take the
             # photo for done, with faces missing
             for path in [*written, j.out, j.paste, j.compare]:
-                if path is not None:
+                if path is not None and _resolve(path) not in info["protected"]:  # never an input
                     path.unlink(missing_ok=True)
             raise
 

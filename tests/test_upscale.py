@@ -207,6 +207,25 @@ def test_a_photo_whose_writing_fails_leaves_none_of_its_files(tmp_path, fast, ca
     assert list(out.iterdir()) == []
 
 
+def test_taking_back_a_failed_photo_never_removes_an_input(tmp_path, fast, capsys, monkeypatch, rng):
+    """The last check before a write finds an input where an output would go (an input the
+    planning did not see as such, injected here): the photo fails, and the file stays."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    save(src / "x.png", tiny8(rng))
+    save(out / "x.png", tiny8(rng))
+    before = (out / "x.png").read_bytes()
+    real_plan = upscale.plan
+
+    def plan_with_input_at_output(cfg):
+        jobs, ignored, info = real_plan(cfg)
+        info["protected"] = info["protected"] | {upscale._resolve(out / "x.png")}
+        return jobs, ignored, info
+    monkeypatch.setattr(upscale, "plan", plan_with_input_at_output)
+    assert main([str(src), "-o", str(out)] + fast) == 1
+    assert "is an input file: not overwritten" in capsys.readouterr().out
+    assert (out / "x.png").read_bytes() == before
+
+
 def test_a_crashed_runs_metrics_say_it_did_not_finish(tmp_path, fast, monkeypatch, rng):
     """A run that breaks off with an error (out of memory, a bug) still writes the rows it has,
     and its JSON summary says the run did not finish."""
