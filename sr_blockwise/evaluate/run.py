@@ -69,8 +69,9 @@ def time_uncached_greedy(model, lr: np.ndarray, greedy_images: np.ndarray, prefi
        against the KV-cached greedy output), and
     2. time one step (forward over T tokens + p1's argmax, as the decoder does) at each of the
        3072 / L distinct prefix lengths T = L, 2L, ..., 3072 (median of `reps`), and sum:
-       estimate = sum_i step(T_i) = L * sum_j step(j L). No curve is fitted: a step's cost grows
-       faster than T (a straight line through the medians went below zero at T = L).
+       estimate = sum_i step(T_i) = L * sum_j step(j L). No curve is fitted: a step's cost is no
+       straight line in T (on the shipped model it grows faster than T, and a line through the
+       medians goes below zero at T = L).
     With prefix_tokens=3072 the whole decode is run and its measured time is used instead.
     The measured prefix is compared with the same sum over its steps (`prefix_check`)."""
     L = model.cfg.block_len
