@@ -214,6 +214,12 @@ def find_inputs(inputs: list[str], outdir: Path) -> tuple[list[tuple[Path, Path]
     return found, folders, ignored
 
 
+def already_done(j: Job) -> bool:
+    """What --skip-existing leaves: a job whose output, compare strip and pasted photo (those it
+    makes) all exist."""
+    return j.out.is_file() and (j.compare is None or j.compare.is_file()) and (j.paste is None or j.paste.is_file())
+
+
 def parse_shard(spec: str | None) -> tuple[int, int]:
     """'I/N' -> (I, N); 'auto' reads torchrun's RANK and WORLD_SIZE; None -> (0, 1)."""
     if spec is None:
@@ -315,19 +321,23 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
             raise ValueError(f"OUTDIR {outdir} would overwrite {o}, which is an input; "
                              "choose another OUTDIR (or --suffix / --ext)")
     # nor are other files beside them: in a folder that holds inputs (photos/*.jpg -o photos), a
-    # result would replace a photo there that has its name (group1.png); --skip-existing leaves it
+    # result would replace a photo there that has its name (group1.png), unless --skip-existing
+    # leaves the whole job (all its outputs there)
     input_folders = {_resolve(j.src.parent) for j in ordered}
-    if not cfg.skip_existing:
-        for o in outs:
-            if _resolve(o.parent) in input_folders and o.exists():
-                raise ValueError(f"{_shown(o)} exists beside the inputs and a result would replace it: "
-                                 "choose another OUTDIR, or --suffix / --ext (or --skip-existing to leave it)")
+    for j in ordered:
+        if cfg.skip_existing and already_done(j):
+            continue
+        for o in (j.out, j.compare, j.paste):
+            if o is not None and _resolve(o.parent) in input_folders and o.exists():
+                raise ValueError(f"{_shown(o)} exists beside the inputs and a result would replace it (an "
+                                 "earlier result? delete it to redo): choose another OUTDIR, or --suffix / "
+                                 "--ext, or --skip-existing to leave the input and its outputs alone")
 
     i, n = parse_shard(cfg.shard)
     mine = [j for j in ordered if shard_of(j.rel, n) == i]
     out_res = _resolve(outdir)
     info = {"base": base, "folders": folders, "ignored": ignored, "total": len(ordered), "shard": (i, n),
-            "protected": protected,
+            "protected": protected, "input_folders": input_folders,
             # an OUTDIR inside an input folder is not searched for inputs: the first line says so
             "outdir_inside": any(_resolve(d) in out_res.parents for d in folders)}
     return mine, ignored, info
@@ -691,8 +701,7 @@ def run(cfg: Config) -> int:
         raise ValueError("no images found in " + ", ".join(cfg.inputs)
                          + (f" ({len(ignored)} files without an image extension ignored)" if ignored else ""))
     mpath = metrics_path(cfg.metrics, info["shard"])
-    done_before = [j for j in jobs if cfg.skip_existing and j.out.is_file()
-                   and (j.compare is None or j.compare.is_file()) and (j.paste is None or j.paste.is_file())]
+    done_before = [j for j in jobs if cfg.skip_existing and already_done(j)]
     skip = {id(j) for j in done_before}
     todo = [j for j in jobs if id(j) not in skip]
     # a message names paths: their control characters escaped, as everywhere (a message is one line)
@@ -824,9 +833,9 @@ def run(cfg: Config) -> int:
             for n in reversed(range(len(ph.faces))):
                 write_face(j, ph, results, n, written)
         except BaseException:
-            # and an earlier run's face 0, pasted photo or strip: --skip-existing would take the
-            # photo for done, with faces missing
-            for path in [*written, j.out, j.paste, j.compare]:
+            # and, once this run has replaced any of them, an earlier run's face 0, pasted photo
+            # or strip: --skip-existing would take the photo for done, with faces missing
+            for path in [*written, *((j.out, j.paste, j.compare) if written else ())]:
                 if path is not None and _resolve(path) not in info["protected"]:  # never an input
                     path.unlink(missing_ok=True)
             raise
@@ -840,6 +849,8 @@ def run(cfg: Config) -> int:
         out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
         if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
             raise ValueError(f"{out} is an input file: not overwritten")
+        if n > 0 and _resolve(out.parent) in info["input_folders"] and out.exists():  # face 0's: plan()
+            raise ValueError(f"{_shown(out)} exists beside the inputs and a result would replace it")
         gt = None
         if j.gt is not None:
             row["ground_truth"] = str(j.gt)

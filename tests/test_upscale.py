@@ -205,6 +205,12 @@ def test_a_photo_whose_writing_fails_leaves_none_of_its_files(tmp_path, fast, ca
     monkeypatch.setattr(upscale, "save_atomic", fills_up)
     assert main(args) == 1
     assert list(out.iterdir()) == []
+    # but a run that wrote nothing of the photo (its first write failed) leaves earlier files
+    monkeypatch.setattr(upscale, "save_atomic", real_save)
+    assert main(args) == 0
+    monkeypatch.setattr(upscale, "save_atomic", lambda img, path, ext: (_ for _ in ()).throw(OSError(28, "full")))
+    assert main(args) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png", "pair_pasted.png"]
 
 
 def test_taking_back_a_failed_photo_never_removes_an_input(tmp_path, fast, capsys, monkeypatch, rng):
@@ -347,6 +353,10 @@ def test_planning_rules(tmp_path, capsys, rng):
     (lambda t: (save(t / "a" / "x_up.png", tiny8(np.random.default_rng(1))),
                 [str(t / "a" / "x.png"), "-o", str(t / "a"), "--suffix", "_up"])[1], "exists beside the inputs"),
     (lambda t: [str(t / "a" / "*.png"), "-o", str(t / "a")], "is the folder of the pattern"),
+    # --skip-existing leaves that file only where it leaves the job: with --compare the job runs
+    (lambda t: (save(t / "a" / "x_up.png", tiny8(np.random.default_rng(1))),
+                [str(t / "a" / "x.png"), "-o", str(t / "a"), "--suffix", "_up", "--skip-existing", "--compare"])[1],
+     "exists beside the inputs"),
     # a flag the mode would not read is refused, not dropped
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--eps", "5"], "only --mode approx"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "approx", "--temperature", "0.5"], "only --mode sample"),
