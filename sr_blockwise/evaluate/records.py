@@ -87,8 +87,7 @@ def summarize(result: dict) -> dict:
     blk = [r for r in recs if r["method"] == "blockwise" and r["rule"] != "oracle"]  # oracle: a bound, not a decoder
     peak = max(blk, key=lambda r: r["speedup_vs_greedy"], default=None)
     peak_u = max(blk, key=lambda r: r["speedup_vs_uncached_greedy"], default=None)
-    # the paper's decoders both re-run the prefix at every call, so a call costs about the same
-    # whatever it verifies and its speedup follows the calls saved: ours to set beside it
+    # the paper's decoders both re-run the prefix at every call: calls saved are what compares
     peak_c = max(blk, key=lambda r: r["call_reduction"] or 0, default=None)
     pick = lambda r, f: None if r is None else {"weights": r["weights"], "k": r["k"], "mode": r["mode"], "speedup": r[f],
                                                 "mean_block": r["mean_block"]}
