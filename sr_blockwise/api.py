@@ -150,14 +150,16 @@ class Upscaler:
         items = [images] if single else list(images)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        seeds = [seed] * len(items) if isinstance(seed, (int, np.integer)) else list(seed)
+        whole = lambda s: isinstance(s, (int, np.integer)) and not isinstance(s, bool)
+        seeds = [seed] * len(items) if whole(seed) else list(seed) if isinstance(seed, (list, tuple, np.ndarray)) else [seed]
+        # every image's seed, not only the first one the options see: before any decoding
+        bad = [s for s in seeds if not (whole(s) and 0 <= s < 2**32)]
+        if bad:
+            raise ValueError(f"seed must be a whole number in 0..{2**32 - 1} (or one per image), got {bad[0]!r}")
         if len(seeds) != len(items):
             raise ValueError(f"got {len(seeds)} seeds for {len(items)} images")
         opts = self.options(mode, k=k, eps=eps, temperature=temperature,
                             seed=int(seeds[0]) if seeds else 0, prior_weight=prior_weight)
-        bad = [s for s in seeds if not 0 <= int(s) < 2**32] if opts.temperature > 0 else []
-        if bad:  # every image's seed, not only the first one the options saw: before any decoding
-            raise ValueError(f"seed must be a whole number in 0..{2**32 - 1}, got {bad[0]}")
         lrs = np.stack([self.prepare(x, None if single else f"image {i}") for i, x in enumerate(items)]) \
             if items else np.zeros((0, 8, 8, 3), np.uint8)
         outs, stats = [], []

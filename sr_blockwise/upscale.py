@@ -554,7 +554,7 @@ class Metrics:
             except OSError as e:
                 if summary.metrics_error is None:
                     print(_shown(f"warning: metrics file {self.path}: {e}"), file=sys.stderr)
-                summary.metrics_error = str(e)
+                summary.metrics_error = _shown(str(e))
 
     def write(self, summary: Summary, finished: bool = True) -> None:
         """The rows so far; a JSON file's summary says whether the run had finished (a periodic
@@ -953,9 +953,9 @@ def run(cfg: Config) -> int:
             metrics.write(s, finished=ended)  # not after a crash: the file then says the run broke off
             s.metrics_error = None
         except OSError as e:
-            s.metrics_error = f"{mpath}: {e}"
+            s.metrics_error = _shown(f"{mpath}: {e}")
     if not cfg.quiet:
-        print(_printable("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {mpath}" if mpath and not s.metrics_error else "")))
+        print(_printable("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {_shown(mpath)}" if mpath and not s.metrics_error else "")))
     else:  # quiet: only what needs attention
         if s.failed:
             print(f"{len(s.failed)} of {s.total} images failed", file=sys.stderr)

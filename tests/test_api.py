@@ -127,7 +127,7 @@ def test_bad_settings_raise_value_errors(tiny):
         with pytest.raises(ValueError, match=message):
             tiny.upscale(img, **{"k": 4, **kw})
     # every image's sampling seed is checked before any decoding, not only the first one
-    for seeds in ([0, -1], [0, 2**50]):
+    for seeds in ([0, -1], [0, 2**50], [0, 1.7], [0, None], None, 2.5):
         with pytest.raises(ValueError, match="seed must be a whole number in 0.."):
             tiny.upscale([img, img], mode="sample", k=4, seed=seeds, batch_size=1)
     with pytest.raises(ValueError, match="no weights"):
@@ -263,7 +263,7 @@ def test_every_commands_help_gives_its_defaults():
         text = re.sub(r"\s+", "", parser.format_help())  # as wrapped, even inside a word
         assert "(default:None)" not in text and "default:default" not in text, parser.prog
         for action in parser._actions:
-            if cli.worth_saying(action) and "default" not in (action.help or "").lower():
+            if cli.worth_saying(action) and not cli.states_default(action.help or ""):
                 want = re.sub(r"\s+", "", f"default: {cli.shown_default(action)}")
                 assert want in text, (parser.prog, action.option_strings)
     # flags say what they do, not a default that reads as on; numbers, not names of constants

@@ -519,6 +519,10 @@ def test_control_characters_in_names_are_escaped_in_messages(tmp_path, fast, cap
     assert main([str(tmp_path / "no\nsuch"), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert "no\\nsuch" in err and len(err.strip().splitlines()) == 1
+    # and the metrics file's name in the summary
+    assert main([str(src / "new\nline.png"), "-o", str(tmp_path / "out3"), "--metrics", str(tmp_path / "m\x1b.csv")] + fast) == 0
+    said = capsys.readouterr()
+    assert "\x1b" not in said.out + said.err and "m\\x1b.csv" in said.out
 
 
 def test_shards_and_seeds_of_utf8_names_did_not_move():

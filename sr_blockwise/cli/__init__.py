@@ -9,6 +9,7 @@ fast; upscale (`sr_blockwise/cli_upscale.py`) reads its choices from its config 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import fields
 
@@ -34,9 +35,15 @@ class DefaultsHelp(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text.lower() or not worth_saying(action):
+        if states_default(text) or not worth_saying(action):
             return text
         return f"{text} (default: {shown_default(action)})" if text else f"default: {shown_default(action)}"
+
+
+def states_default(text: str) -> bool:
+    """Whether a help text gives the default itself ('(default 2)', 'default: the shipped'), not
+    merely uses the word ("0: torch's default")."""
+    return re.search(r"\(default\b|\bdefault:|\bby default\b|\bdefault \d", text, re.IGNORECASE) is not None
 
 
 def worth_saying(action) -> bool:

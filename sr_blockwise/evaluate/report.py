@@ -16,7 +16,7 @@ def split_words(data: dict) -> str:
     """Which faces a result is of: the project's held-out test split, or a folder's faces where
     they carry no CelebA partition (all are test faces then)."""
     return ("the project's held-out test split" if data.get("labelled", True)
-            else "the faces of a folder without CelebA partition labels")
+            else "a folder without CelebA partition labels")
 
 
 def paper_comparison(result: dict) -> str:
