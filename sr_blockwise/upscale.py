@@ -328,10 +328,10 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
         if cfg.skip_existing and already_done(j):
             continue
         for o in (j.out, j.compare, j.paste):
-            if o is not None and _resolve(o.parent) in input_folders and o.exists():
-                raise ValueError(f"{_shown(o)} exists beside the inputs and a result would replace it (an "
-                                 "earlier result? delete it to redo): choose another OUTDIR, or --suffix / "
-                                 "--ext, or --skip-existing to leave the input and its outputs alone")
+            if o is not None and _resolve(o.parent) in input_folders and o.exists() and not made_here(o):
+                raise ValueError(f"{_shown(o)} exists beside the inputs, was not written by sr-blockwise, and a "
+                                 "result would replace it: choose another OUTDIR, or --suffix / --ext, or "
+                                 "--skip-existing to leave the input and its outputs alone")
 
     i, n = parse_shard(cfg.shard)
     mine = [j for j in ordered if shard_of(j.rel, n) == i]
@@ -408,18 +408,34 @@ def _temp_name(path: Path) -> Path:
     return path.with_name(f".{os.getpid()}-{os.urandom(6).hex()}.tmp")
 
 
+SOFTWARE = "sr-blockwise"  # the EXIF Software tag of every file written: a later run knows its own results
+_EXIF_SOFTWARE = 0x0131
+
+
 def save_atomic(img: np.ndarray, path: Path, ext: str) -> None:
     """Write to a hidden temporary file next to `path`, then rename: readers (and a resumed run)
-    only ever see complete images."""
+    only ever see complete images. The file is marked as this tool's (made_here)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt, kw = SAVE_ARGS[ext]
     tmp = _temp_name(path)
+    exif = Image.Exif()
+    exif[_EXIF_SOFTWARE] = SOFTWARE
     try:
-        Image.fromarray(img).save(tmp, format=fmt, **kw)
+        Image.fromarray(img).save(tmp, format=fmt, exif=exif.tobytes(), **kw)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def made_here(path: Path) -> bool:
+    """Whether an image file is a result this tool wrote (save_atomic's mark), not a photo of the
+    user's that happens to have a result's name."""
+    try:
+        with Image.open(path) as img:
+            return img.getexif().get(_EXIF_SOFTWARE) == SOFTWARE
+    except (OSError, SyntaxError, ValueError):
+        return False
 
 
 def compare_strip(lr: np.ndarray, out: np.ndarray, gt: np.ndarray | None = None, scale: int = 4) -> np.ndarray:
@@ -849,8 +865,9 @@ def run(cfg: Config) -> int:
         out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
         if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
             raise ValueError(f"{out} is an input file: not overwritten")
-        if n > 0 and _resolve(out.parent) in info["input_folders"] and out.exists():  # face 0's: plan()
-            raise ValueError(f"{_shown(out)} exists beside the inputs and a result would replace it")
+        if n > 0 and _resolve(out.parent) in info["input_folders"] and out.exists() and not made_here(out):
+            raise ValueError(f"{_shown(out)} exists beside the inputs, was not written by sr-blockwise, and a "
+                             "result would replace it")  # face 0's are checked before any work (plan)
         gt = None
         if j.gt is not None:
             row["ground_truth"] = str(j.gt)

@@ -370,13 +370,19 @@ def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, 
     assert not (tmp_path / "out").exists()
 
 
-def test_a_result_may_go_beside_its_photo(tmp_path, capsys, rng):
+def test_a_result_may_go_beside_its_photo(tmp_path, fast, capsys, rng):
     """Writing results into the inputs' own folder is fine where no file there has a result's
-    name; the refusal is for replacing one (the test above)."""
-    save(tmp_path / "a" / "x.png", tiny8(rng))
-    save(tmp_path / "a" / "y.png", tiny8(rng))
-    rows = dry_run(capsys, [str(tmp_path / "a" / "x.png"), "-o", str(tmp_path / "a"), "--suffix", "_up"])
+    name, and a run again replaces its own earlier result (every result carries the tool's mark);
+    the refusal is for replacing a file of the user's (the test above)."""
+    a = tmp_path / "a"
+    save(a / "x.png", tiny8(rng))
+    save(a / "y.png", tiny8(rng))
+    rows = dry_run(capsys, [str(a / "x.png"), "-o", str(a), "--suffix", "_up"])
     assert [Path(o).name for _, _, o in rows] == ["x_up.png"]
+    for _ in range(2):
+        assert main([str(a / "x.png"), "-o", str(a), "--suffix", "_up", "--quiet"] + fast) == 0
+    assert upscale.made_here(a / "x_up.png") and not upscale.made_here(a / "y.png")
+    assert sorted(p.name for p in a.iterdir()) == ["x.png", "x_up.png", "y.png"]
 
 
 def test_exit_codes_in_a_real_process(tmp_path, tiny_weights):
