@@ -150,12 +150,10 @@ class Upscaler:
         items = [images] if single else list(images)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        whole = lambda s: isinstance(s, (int, np.integer)) and not isinstance(s, bool)
-        seeds = [seed] * len(items) if whole(seed) else list(seed) if isinstance(seed, (list, tuple, np.ndarray)) else [seed]
-        # every image's seed, not only the first one the options see: before any decoding
-        bad = [s for s in seeds if not (whole(s) and 0 <= s < 2**32)]
-        if bad:
-            raise ValueError(f"seed must be a whole number in 0..{2**32 - 1} (or one per image), got {bad[0]!r}")
+        from .decoding import check_seed
+        seeds = list(seed) if isinstance(seed, (list, tuple, np.ndarray)) else [seed] * len(items)
+        for s in seeds:  # every image's seed, not only the first one the options see: before any decoding
+            check_seed(s)
         if len(seeds) != len(items):
             raise ValueError(f"got {len(seeds)} seeds for {len(items)} images")
         opts = self.options(mode, k=k, eps=eps, temperature=temperature,

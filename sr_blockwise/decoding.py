@@ -64,6 +64,14 @@ def _spec_number(x: float) -> str:
     return s if float(s) == x else repr(float(x))
 
 
+def check_seed(seed) -> None:
+    """ValueError unless a sampling seed is a whole number in 0..2^32-1: torch's generators take
+    64 bits, and a seed is multiplied by a per-image stride before it reaches one."""
+    whole = isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)
+    if not (whole and 0 <= seed < 2**32):
+        raise ValueError(f"seed must be a whole number in 0..{2**32 - 1}, got {seed!r}")
+
+
 @dataclass
 class DecodeOptions:
     """How to decode. propose's default depends on the other fields, and is settled when the
@@ -126,8 +134,7 @@ class DecodeOptions:
         if self.temperature > 0 and (self.rule != "exact" or self.min_block != 1 or self.propose != "argmax"):
             raise ValueError("sampling (temperature > 0) accepts by speculative sampling's own rule, which keeps "
                              "the samples' distribution: use the exact rule, min_block 1, argmax proposals")
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed must be a whole number in 0..{2**32 - 1}, got {self.seed}")
+        check_seed(self.seed)
         if self.seed != 0 and self.temperature == 0:
             raise ValueError(f"seed={self.seed} is for sampling (temperature > 0); greedy and blockwise "
                              f"decoding draw nothing")

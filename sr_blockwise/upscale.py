@@ -328,9 +328,8 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
         if cfg.skip_existing and already_done(j):
             continue
         for o in (j.out, j.compare, j.paste):
-            if o is not None and _resolve(o.parent) in input_folders and o.exists() and not made_here(o):
-                raise ValueError(f"{_shown(o)} exists beside the inputs, was not written by sr-blockwise, and a "
-                                 "result would replace it: choose another OUTDIR, or --suffix / --ext, or "
+            if o is not None and foreign_beside_inputs(o, input_folders):
+                raise ValueError(f"{_shown(o)} {FOREIGN}: choose another OUTDIR, or --suffix / --ext, or "
                                  "--skip-existing to leave the input and its outputs alone")
 
     i, n = parse_shard(cfg.shard)
@@ -436,6 +435,15 @@ def made_here(path: Path) -> bool:
             return img.getexif().get(_EXIF_SOFTWARE) == SOFTWARE
     except (OSError, SyntaxError, ValueError):
         return False
+
+
+FOREIGN = "exists beside the inputs, was not written by sr-blockwise, and a result would replace it"
+
+
+def foreign_beside_inputs(path: Path, input_folders: set) -> bool:
+    """Whether writing a result to `path` would replace a file of the user's sitting among the
+    inputs (a file this tool wrote there is its own to replace)."""
+    return _resolve(path.parent) in input_folders and path.exists() and not made_here(path)
 
 
 def compare_strip(lr: np.ndarray, out: np.ndarray, gt: np.ndarray | None = None, scale: int = 4) -> np.ndarray:
@@ -865,9 +873,8 @@ def run(cfg: Config) -> int:
         out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
         if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
             raise ValueError(f"{out} is an input file: not overwritten")
-        if n > 0 and _resolve(out.parent) in info["input_folders"] and out.exists() and not made_here(out):
-            raise ValueError(f"{_shown(out)} exists beside the inputs, was not written by sr-blockwise, and a "
-                             "result would replace it")  # face 0's are checked before any work (plan)
+        if n > 0 and foreign_beside_inputs(out, info["input_folders"]):  # face 0's: before any work (plan)
+            raise ValueError(f"{_shown(out)} {FOREIGN}")
         gt = None
         if j.gt is not None:
             row["ground_truth"] = str(j.gt)

@@ -37,7 +37,7 @@ class DefaultsHelp(argparse.HelpFormatter):
         text = action.help or ""
         if states_default(text) or not worth_saying(action):
             return text
-        return f"{text} (default: {shown_default(action)})" if text else f"default: {shown_default(action)}"
+        return f"{text} (default: {shown_default(action)})"  # build_parser gives every option some help
 
 
 def states_default(text: str) -> bool:
