@@ -100,6 +100,26 @@ def test_small_faces_of_a_large_photo_found_as_facenet_pytorch_finds_them(celeba
         assert np.abs(ref_box - box).max() < 0.1 * side and np.abs(ref_mark - marks).max() < 0.1 * side
 
 
+def test_largest_only_stops_at_the_largest_face(astronaut, celeba_photos):
+    """--faces largest searches the pyramid from its largest faces down and stops at a face no
+    smaller one could outgrow: the same largest face as a whole search, the small faces not
+    looked for; a photo whose faces are all small is searched whole."""
+    photo = Image.fromarray(skimage.data.coffee()).resize((1600, 1200), Image.Resampling.BICUBIC)
+    photo.paste(astronaut.resize((768, 768), Image.Resampling.BICUBIC), (50, 50))  # her face ~150 px wide
+    for i, p in enumerate(celeba_photos):  # faces about 24 px wide
+        photo.paste(p.crop(CELEBA_BOX).resize((40, 40), Image.Resampling.BOX), (900 + 200 * i, 800))
+    every = F.detect(photo)
+    largest = F.detect(photo, largest_only=True)
+    assert len(every) == 4 and len(largest) < len(every)
+    assert np.abs(largest[0][0] - every[0][0]).max() < 0.01 and np.abs(largest[0][2] - every[0][2]).max() < 0.01
+    (face,) = F.find_faces(photo, largest_only=True)
+    assert np.abs(np.array(face.box) - every[0][0]).max() < 0.01
+    small = photo.crop((800, 700, 1600, 1200))  # the small faces alone
+    every, largest = F.detect(small), F.detect(small, largest_only=True)
+    assert len(every) == len(largest) == 3
+    assert all(np.abs(a[0] - b[0]).max() < 0.01 for a, b in zip(every, largest))
+
+
 def test_aligned_crop_puts_the_landmarks_on_the_template_and_back(astronaut):
     """Warp the face onto the template (drawn 4x larger, 128x128), detect it there, and map those
     landmarks back with the inverse transform: they land where they were in the photo."""
@@ -214,8 +234,9 @@ def test_faces_of_says_what_it_found(astronaut):
     both, note = F.faces_of(pair, "all")
     assert len(both) == 2 and note == "2 faces found"
     assert both[0].size >= both[1].size  # largest first
-    one, note = F.faces_of(pair, "largest")
-    assert len(one) == 1 and "the largest used" in note
+    one, note = F.faces_of(pair, "largest")  # its search stops at the largest face
+    assert len(one) == 1 and note == "the largest face found"
+    assert np.allclose(one[0].box, both[0].box, atol=0.5)
     with pytest.raises(ValueError, match="choose from"):
         F.faces_of(pair, "some")
 

@@ -4,6 +4,8 @@
   enlarged as a 2x2 mosaic: texture everywhere, as in a real photo, so the detector sees many
   face-like candidates) with the astronaut (w // 5 wide, as experiments/face-alignment's timing
   photos) and CelebA test-partition faces pasted at the given sides;
+- portrait(w, h): the same background with the astronaut's photo h x h in the middle: one face
+  about h / 6 wide, as in a portrait;
 - crowd(w, h, sides): the same background with CelebA test-partition faces pasted at each side in
   `sides` (the paper's 138x138 crop of each photo, so the face is about 0.6 of the side), on a
   grid: the faces a few pixels wide that 8x8 -> 32x32 is for (`skip` picks other photos).
@@ -49,6 +51,12 @@ def scene(w: int, h: int, sides=(120, 200, 320)) -> tuple[Image.Image, list[tupl
     places = [(w // 12 + i * w // 4, h * 2 // 3) for i in range(len(sides))]
     boxes = paste_faces(canvas, celeba_test_photos(len(sides)), sides, places)
     return canvas, boxes
+
+
+def portrait(w: int, h: int) -> Image.Image:
+    canvas = background(w, h)
+    canvas.paste(Image.fromarray(skimage.data.astronaut()).resize((h, h), Image.Resampling.BICUBIC), ((w - h) // 2, 0))
+    return canvas
 
 
 def crowd(w: int, h: int, sides, skip: int = 3) -> tuple[Image.Image, list[tuple]]:

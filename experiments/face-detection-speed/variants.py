@@ -1,12 +1,14 @@
 """The ideas measured for the P-Net pyramid and R-Net, one at a time, on the detection copy
-(1600x1200) of the 12 MP timing photo (photos.scene), one thread, the best of --repeats:
+(1600x1200) of the 12 MP timing photo (photos.scene), --threads threads (1), the best of --repeats:
 
 - the pyramid's scales: torch's area resize of the copy as floats (facenet-pytorch), PIL's box
   resize of the copy, PIL's box resize of the copy halved by Image.reduce for the small scales (kept);
 - P-Net over the pyramid: float32 in facenet-pytorch's memory layout, float32 channels-last (kept),
-  bfloat16 channels-last (the CPU has AMX), and on the scales of a coarser pyramid (factor 0.6);
-- R-Net over the candidates P-Net proposes: the same three; its crops by torch's area resize
-  (kept) and by PIL (uint8; quality.py: it loses faces of 10-15 px).
+  each scale in one pass (kept) or in strips of rows (smaller maps), bfloat16 channels-last (the
+  CPU has AMX), and on the scales of a coarser pyramid (factor 0.6);
+- R-Net over the candidates P-Net proposes: the same layouts and types, 512 or 128 (kept) crops
+  a batch; its crops by torch's area resize (kept) and by PIL (uint8; quality.py: it loses faces
+  of 10-15 px).
 
     PYTHONPATH=. python experiments/face-detection-speed/variants.py --repeats 5
 """
@@ -25,8 +27,9 @@ from sr_blockwise import faces as F
 
 p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=5)
+p.add_argument("--threads", type=int, default=1)
 args = p.parse_args()
-torch.set_num_threads(1)
+torch.set_num_threads(args.threads)
 
 
 def best(f) -> float:
@@ -64,10 +67,20 @@ def levels_pil_reduce():
     return out
 
 
+def pnet_in_strips(level, rows: int = 128):
+    """P-Net over a (3, h, w) scale in strips of `rows` output rows (its 12 px window moves 2 px a
+    step: output rows [r0, r1) read input rows [2 r0, 2 r1 + 10)): the maps of one pass."""
+    out_rows = -(-(level.shape[1] - 2) // 2) - 4  # conv 3x3, max-pool 2 (rounding up), two convs 3x3
+    outs = [nets.pnet(F.net_input(level[None, :, 2 * r0:2 * min(out_rows, r0 + rows) + 10]))
+            for r0 in range(0, max(out_rows, 1), rows)]
+    return tuple(torch.cat(o, 2) for o in zip(*outs))
+
+
 nets = F.detector()
 plain = {n: copy.deepcopy(getattr(nets, n)).to(memory_format=torch.contiguous_format) for n in ("pnet", "rnet")}
 bf16 = {n: copy.deepcopy(getattr(nets, n)).to(torch.bfloat16) for n in ("pnet", "rnet")}
-inputs = [F.net_input(F.photo_tensor(level)[None]) for level in levels_pil_reduce()]
+levels_u8 = [F.photo_tensor(level) for level in levels_pil_reduce()]
+inputs = [F.net_input(level[None]) for level in levels_u8]
 coarse = [F.net_input(F.photo_tensor(work.resize((int(w * s + 1), int(h * s + 1)), Image.Resampling.BOX))[None])
           for s in F.pyramid_scales(work.size, factor=0.6)]
 rows = []
@@ -76,7 +89,10 @@ with torch.inference_mode():
     rows.append(("pyramid", "PIL box", best(levels_pil)))
     rows.append(("pyramid", "PIL box, reduce for the small scales (kept)", best(levels_pil_reduce)))
     rows.append(("P-Net", "float32, contiguous (facenet-pytorch)", best(lambda: [plain["pnet"](x.contiguous()) for x in inputs])))
-    rows.append(("P-Net", "float32, channels-last (kept)", best(lambda: [nets.pnet(x) for x in inputs])))
+    rows.append(("P-Net", "float32, channels-last, each scale in one pass (kept)",
+                 best(lambda: [nets.pnet(F.net_input(level[None])) for level in levels_u8])))
+    rows.append(("P-Net", "float32, channels-last, in strips of 128 output rows (same maps)",
+                 best(lambda: [pnet_in_strips(level) for level in levels_u8])))
     rows.append(("P-Net", "bfloat16, channels-last", best(lambda: [bf16["pnet"](x.to(torch.bfloat16)) for x in inputs])))
     rows.append(("P-Net", f"float32, channels-last, factor 0.6 ({len(coarse)} scales)", best(lambda: [nets.pnet(x) for x in coarse])))
     photo_t = F.photo_tensor(work)
@@ -86,11 +102,12 @@ with torch.inference_mode():
     rows.append(("R-Net crops", f"torch area, floats ({len(boxes)} squares, kept)", best(lambda: F.square_crops(photo_t, boxes, 24))))
     rows.append(("R-Net crops", "PIL box, uint8", best(lambda: pil_crops(photo_t, boxes, 24))))
     rows.append(("R-Net", "float32, contiguous (facenet-pytorch)", best(lambda: plain["rnet"](x.contiguous()))))
-    rows.append(("R-Net", "float32, channels-last (kept)", best(lambda: F.run_net(nets.rnet, crops))))
+    rows.append(("R-Net", "float32, channels-last, 512 crops a batch", best(lambda: F.run_net(nets.rnet, crops, 512))))
+    rows.append(("R-Net", "float32, channels-last, 128 crops a batch (kept)", best(lambda: F.run_net(nets.rnet, crops, 128))))
     rows.append(("R-Net", "bfloat16, channels-last", best(lambda: bf16["rnet"](x.to(torch.bfloat16)))))
     same = [(nets.pnet(x)[1] - bf16["pnet"](x.to(torch.bfloat16))[1].float()).abs().max().item() for x in inputs]
 
-print(f"torch {torch.__version__}, 1 thread, best of {args.repeats}; 12 MP timing photo's 1600x1200 copy\n")
+print(f"torch {torch.__version__}, {args.threads} thread(s), best of {args.repeats}; 12 MP timing photo's 1600x1200 copy\n")
 print("| stage | variant | s |")
 print("|---|---|---|")
 for stage, variant, t in rows:
