@@ -70,7 +70,8 @@ def register(subparsers) -> None:
                         "values give a blocky upscale)")
     p.add_argument("--faces", default="largest", choices=FACES,
                    help="largest: the largest face found in each photo, aligned to the framing the model was "
-                        "trained on (default; the search stops at it, smaller faces are not looked for); all: every face, written NAME_face0, NAME_face1, ... (largest "
+                        "trained on (default; the search stops at it, smaller faces are not looked for); "
+                        "all: every face, written NAME_face0, NAME_face1, ... (largest "
                         "first); none: no detection, the centre square (CelebA's crop for 178x218 photos). "
                         "8x8 and 32x32 images are always used as they are")
     p.add_argument("--no-face", default="centre", choices=NO_FACE,

@@ -284,14 +284,16 @@ def mtcnn(work: Image.Image, largest_only: bool = False, min_score: float = MIN_
     (n, 5, 2) landmarks) as numpy, in the photo's pixels.
 
     largest_only: the pyramid is searched from its smallest scale (the largest faces) up, each
-    square scored once (Seen), and the search stops once a face (score >= min_score) is found
-    that no face on the scales left could outgrow: a face's box (the side of a square of its
-    area) came out at most 2.22x the window of the coarsest scale that finds it, 99% of 283 faces
-    under 1.6x (experiments/face-detection-speed/largest_margin.log), so a face LARGEST_MARGIN x
-    the next scale's window is the photo's largest. The faces smaller than it may then be
-    missing, and its box comes from the scales searched. Where no such face is found, the whole
-    pyramid is searched: the faces of all mode, up to float rounding (a crop's network outputs
-    depend on its batch by ~1e-7)."""
+    square scored once (Seen), and the search stops once a face (score >= min_score) is found as
+    large as LARGEST_MARGIN x the next scale's window (the side of a square of its box's area, as
+    detect ranks faces). Measured, not derived (experiments/face-detection-speed/
+    largest_margin.log): a face came out at most 2.22x the window of the coarsest scale that
+    finds it (283 faces), and on 22 photos (crowds, rotated and cut faces, near ties) the search
+    stopped at margin 2.5 or 3.0 gave the whole search's largest face and box on all 22, at 2.0
+    on 19 (a box found on the coarse scales alone must also have settled). The faces smaller
+    than it may be missing. Where no such face is found, the whole pyramid is searched: the
+    faces of all mode, up to float rounding (a crop's network outputs depend on its batch by
+    ~1e-7)."""
     import torch
     with torch.inference_mode():
         photo, pyramid = photo_tensor(work), Pyramid(work)
@@ -301,16 +303,14 @@ def mtcnn(work: Image.Image, largest_only: bool = False, min_score: float = MIN_
             boxes, points = cascade(photo, proposed_squares(found))
         else:
             found, seen = [], Seen()
+            boxes, points = cascade(photo, proposed_squares([]))  # none yet
             for i in reversed(range(len(scales))):
                 found.insert(0, pnet_proposals(pyramid, scales[i]))
-                if i > 0 and not len(found[0]):
-                    continue  # nothing new to check
-                boxes, points = cascade(photo, proposed_squares(found), seen)
+                if len(found[0]):  # new squares: the faces found so far again
+                    boxes, points = cascade(photo, proposed_squares(found), seen)
                 sure = boxes[boxes[:, 4] >= min_score]
-                if i == 0 or (len(sure) and largest_side(sure) >= LARGEST_MARGIN * 12 / scales[i - 1]):
+                if i > 0 and len(sure) and largest_side(sure) >= LARGEST_MARGIN * 12 / scales[i - 1]:
                     break
-            else:  # no scale at all
-                boxes, points = cascade(photo, proposed_squares([]))
     return boxes.numpy().astype(float), points.numpy().astype(float)
 
 
@@ -341,7 +341,7 @@ def detect(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float =
     first, on the copy detect_copy makes. A small photo's mirrored border, there for context,
     holds mirror images of its faces: those are dropped (mirror_image). largest_only: the first
     is the largest face, the others may be missing (mtcnn); a small photo is searched whole (its
-    mirror images must not end the search)."""
+    mirror images are told from its own faces against every face found: mirror_image)."""
     img = to_rgb(img)
     work, pad = detect_copy(img, max_side)
     if min(work.size) < MIN_FACE:

@@ -1,19 +1,28 @@
-"""How much larger than the window that finds it can a face's box come out? --faces largest
-(faces.mtcnn's largest_only) searches the pyramid from its largest windows down and stops at a
-face no face on the scales left could outgrow: that needs a bound on a face's final size (the
-side of a square of its box's area, as detect ranks faces) over the window of the coarsest
-scale that finds it. Each face of a whole search is matched (IoU > 0.5) to the faces each scale
-finds on its own; photos: crowds of CelebA test-partition faces (squares 16-300 px) and the
-timing scenes (photos.py), on their detection copies.
+"""--faces largest (faces.mtcnn's largest_only) searches the pyramid from its largest windows
+down and stops at a face that no face on the scales left could outgrow (LARGEST_MARGIN x the
+next scale's window). Two questions:
+
+1. How much larger than the window that finds it can a face's box come out? The bound a stop
+   needs on a face not yet found: each face of a whole search (its size: the side of a square of
+   its box's area, as detect ranks faces) over the window of the coarsest scale that finds it
+   (matched, IoU > 0.5, to the faces each scale finds on its own). Photos: crowds of CelebA
+   test-partition faces (squares 16-300 px) and the timing scenes (photos.py), on their copies.
+2. Does the search, stopped at a margin, give the whole search's largest face with the whole
+   search's box (the face found must also have settled)? At margins 1.0-3.0, on those photos,
+   the portrait, and harder ones: a 500 px CelebA face rotated 30-180 degrees beside a 300 px
+   one, the astronaut cut by the photo's edge, two faces of one size (near ties).
 
     PYTHONPATH=. python experiments/face-detection-speed/largest_margin.py     # largest_margin.log
 """
 import numpy as np
+import skimage.data
 import torch
+from PIL import Image
 from torchvision.ops import box_iou
 
-from photos import crowd, scene
+from photos import background, celeba_test_photos, crowd, portrait, scene
 from sr_blockwise import faces as F
+from sr_blockwise.data import CELEBA_BOX
 
 torch.set_num_threads(2)
 photos = [(f"crowd 1600x1200, squares 16-300 px, skip {s}", crowd(1600, 1200, np.linspace(16, 300, 49).astype(int), skip=s)[0])
@@ -36,9 +45,59 @@ with torch.inference_mode():
                 coarsest[box_iou(every[:, :4], alone[:, :4]).max(1).values > 0.5] = 12 / s
         side = ((every[:, 2] - every[:, 0]) * (every[:, 3] - every[:, 1])).sqrt()
         found = coarsest > 0
-        ratios += (side[found] / coarsest[found]).tolist()
+        ratios += [(float(r), name, float(sd)) for r, sd in zip(side[found] / coarsest[found], side[found])]
         print(f"{name}: {len(every)} faces, {int((~found).sum())} found by no scale alone")
-r = np.array(ratios)
+r = np.array([x[0] for x in ratios])
+top = sorted(ratios)[-3:]
 print(f"\nface size / window of the coarsest scale finding it, over {len(r)} faces: "
       f"median {np.median(r):.2f}, 99th percentile {np.percentile(r, 99):.2f}, max {r.max():.2f}; "
-      f"the five largest {np.sort(r)[-5:].round(2).tolist()}; LARGEST_MARGIN {F.LARGEST_MARGIN}")
+      f"the largest three: " + "; ".join(f"{x:.2f} ({name}, a {sd:.0f} px face)" for x, name, sd in top))
+
+# ---------------------------------------------------------------- 2. stopped at a margin vs whole
+faces = celeba_test_photos(6, skip=7)
+extra = []
+for degrees in (30, 45, 60, 90, 180):
+    canvas = background(1600, 1200)
+    canvas.paste(faces[0].crop(CELEBA_BOX).resize((500, 500), Image.Resampling.BOX).rotate(degrees, Image.Resampling.BICUBIC), (150, 300))
+    canvas.paste(faces[1].crop(CELEBA_BOX).resize((300, 300), Image.Resampling.BOX), (1000, 400))
+    extra.append((f"a 500 px face rotated {degrees} beside a 300 px one", canvas))
+astronaut = Image.fromarray(skimage.data.astronaut()).resize((700, 700), Image.Resampling.BICUBIC)
+for x, y in ((-330, 200), (1240, 200), (450, -250), (450, 860)):
+    canvas = background(1600, 1200)
+    canvas.paste(astronaut, (x, y))
+    extra.append((f"the astronaut cut by the edge at ({x}, {y})", canvas))
+for i in range(3):
+    canvas = background(1600, 1200)
+    for j, x in enumerate((200, 900)):
+        canvas.paste(faces[2 + i + j].crop(CELEBA_BOX).resize((400, 400), Image.Resampling.BOX), (x, 400))
+    extra.append((f"two faces of one size ({i})", canvas))
+extra.append(("portrait 1600x1200", portrait(1600, 1200)))
+margins = (1.0, 1.5, 2.0, 2.5, 3.0)
+print(f"\n| photo | whole search: largest face (px) | " + " | ".join(f"margin {m}" for m in margins) + " |")
+print("|---|---|" + "---|" * len(margins))
+differ = {m: [0, 0] for m in margins}  # another face, the same face with another box
+default = F.LARGEST_MARGIN
+for name, photo in photos + extra:
+    whole = F.detect(photo)
+    side = np.sqrt((whole[0][0][2] - whole[0][0][0]) * (whole[0][0][3] - whole[0][0][1])) if whole else 0
+    cells = []
+    for m in margins:
+        F.LARGEST_MARGIN = m
+        alone = F.detect(photo, largest_only=True)
+        F.LARGEST_MARGIN = default
+        if not whole or not alone:
+            cells.append("same (none)" if not whole and not alone else "NONE vs a face")
+            continue
+        a, b = whole[0][0], alone[0][0]
+        if np.abs(a - b).max() < 0.01 * side:
+            cells.append("same")
+        elif float(box_iou(torch.tensor(np.array([a])), torch.tensor(np.array([b])))[0, 0]) > 0.5:
+            differ[m][1] += 1
+            cells.append(f"box {np.sqrt((b[2] - b[0]) * (b[3] - b[1])):.0f} px")
+        else:
+            differ[m][0] += 1
+            cells.append("another face")
+    print(f"| {name} | {side:.0f} | " + " | ".join(cells) + " |")
+print("\nphotos where the stopped search differs from the whole one (another face / the same face, "
+      f"another box), of {len(photos) + len(extra)}: " + ", ".join(f"margin {m}: {a} / {b}" for m, (a, b) in differ.items())
+      + f"; LARGEST_MARGIN {default}")

@@ -118,6 +118,7 @@ tmp = Path(tempfile.mkdtemp())
 print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {args.repeats}\n")
 print("| photo | path | " + " | ".join(stages) + " | detect + align | faces | P-Net / R-Net squares |")
 print("|---|---|" + "---|" * (len(stages) + 3))
+notes = []
 for kind, w, h in (("scene", 4000, 3000), ("scene", 8000, 6000), ("portrait", 4000, 3000)):
     photo = scene(w, h)[0] if kind == "scene" else portrait(w, h)
     path = tmp / f"{kind}-{w}x{h}.jpg"
@@ -150,7 +151,23 @@ for kind, w, h in (("scene", 4000, 3000), ("scene", 8000, 6000), ("portrait", 40
         total = sum(med[s] for s in stages[1:])
         print(f"| {kind} {w}x{h} ({w * h / 1e6:.0f} MP) | {name} | " + " | ".join(f"{med[s]:.3f}" for s in stages)
               + f" | **{total:.3f}** | {rs[0][1]} | {rs[0][2]} |")
+    # the largest face as detect ranks it, and how many scales --faces largest searched for it
+    work, _ = F.detect_copy(open_rgb(path))
+    boxes, _ = F.mtcnn(work)
+    boxes = boxes[boxes[:, 4] >= F.MIN_SCORE]
+    side = float(np.sqrt(((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).max())) if len(boxes) else 0.0
+    searched, level = [], F.Pyramid.level
+    F.Pyramid.level = lambda self, scale: searched.append(scale) or level(self, scale)
+    F.mtcnn(work, largest_only=True)
+    F.Pyramid.level = level
+    notes.append(f"{kind} {w}x{h}: largest face {side:.0f} px in the {work.width}x{work.height} copy; largest only "
+                 f"searched {len(searched)} of {len(F.pyramid_scales(work.size))} scales, down to a "
+                 f"{12 / max(searched):.0f} px window")
     path.unlink()
+print()
+for line in notes:
+    print(line)
+
 # ---------------------------------------------------------------- what it is set against: decoding
 from sr_blockwise.api import Upscaler  # noqa: E402
 
