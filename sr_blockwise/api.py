@@ -177,9 +177,10 @@ class Upscaler:
                       **options) -> list[FaceResult]:
         """Find the faces of a photo (a file path, PIL image or numpy array), align each to the
         training framing, and upscale them: a FaceResult per face, largest first. faces: all, or
-        largest; boxes: faces given by hand as (left, top, right, bottom) instead of detection
-        (e.g. one too small to detect); if_none: centre (the centre square), skip (an empty list)
-        or error (data.BadImage) when no face is found. options: upscale()'s (mode, k, eps, ...)."""
+        largest (sooner: the search for faces stops at it); boxes: faces given by hand as (left,
+        top, right, bottom) instead of detection (e.g. one too small to detect); if_none: centre
+        (the centre square), skip (an empty list) or error (data.BadImage) when no face is found.
+        options: upscale()'s (mode, k, eps, ...)."""
         from . import faces as F
         img = _photo(photo)
         if len(boxes) == 4 and all(isinstance(v, (int, float, np.number)) for v in boxes):
