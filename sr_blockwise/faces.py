@@ -581,8 +581,8 @@ def faces_of(img: Image.Image, which: str = "largest", boxes=(), if_none: str = 
     """A photo -> the faces to upscale, and a line saying what was found. `boxes` (left, top,
     right, bottom) are faces given by hand: they are used as they are, and detection is skipped.
     Otherwise the detected faces, largest first (`which`: all, or the largest alone, found
-    sooner: the search stops at it). No face found:
-    `if_none` centre (the centre square), skip (no faces) or error (BadImage)."""
+    sooner: the search stops at it). No face found: `if_none` centre (the centre square), skip
+    (no faces) or error (BadImage)."""
     if which not in WHICH:
         raise ValueError(f"faces={which!r}: choose from {', '.join(WHICH)}")
     if if_none not in IF_NONE:
