@@ -11,7 +11,9 @@ from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 from sr_blockwise import bench, engine
 from sr_blockwise.data import downsample_8, load_faces
-from sr_blockwise.decoding import decode, options_for
+from sr_blockwise.decoding import decode
+
+from paired import paper_options  # exact: exact-heads, approx: eps=2, as the logs decoded them
 
 
 def arguments() -> argparse.Namespace:
@@ -41,7 +43,7 @@ def compare(models: dict, label: str, modes, faces: dict, rounds: int) -> None:
                 for mode, k in modes:
                     t = time.perf_counter()
                     for i in range(0, n_faces, B):
-                        decode(m, lr[i:i + B], options_for(mode, k, 2, prior_weight=2.0))
+                        decode(m, lr[i:i + B], paper_options(mode, k, prior_weight=2.0))
                     s = (time.perf_counter() - t) / n_faces
                     speed[name, B, mode, k] = min(speed.get((name, B, mode, k), 1e9), s)
 
@@ -64,7 +66,7 @@ def compare(models: dict, label: str, modes, faces: dict, rounds: int) -> None:
     out = {}
     for mode, k in (("greedy", 1), ("approx", 6)):
         for name, m in models.items():
-            r = decode(m, lr[:32], options_for(mode, k, 2, prior_weight=2.0))
+            r = decode(m, lr[:32], paper_options(mode, k, prior_weight=2.0))
             out[name, mode] = r.images
             p = np.mean([peak_signal_noise_ratio(h, o, data_range=255) for h, o in zip(hr, r.images)])
             s = np.mean([structural_similarity(h, o, channel_axis=-1, data_range=255) for h, o in zip(hr, r.images)])

@@ -8,10 +8,19 @@
 import argparse, numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import load_faces, downsample_8
-from sr_blockwise.decoding import decode, options_for
+from sr_blockwise.decoding import DecodeOptions, decode
 from sr_blockwise.metrics import Perceptual, psnr, ssim
 
 MODES = ("greedy", "approx")  # approx: eps=2, k=6
+
+
+def paper_options(mode: str, k: int, prior_weight: float | None = None) -> DecodeOptions:
+    """The modes as these experiments' logs decoded them, named as the logs name them: greedy,
+    exact (the heads' proposals alone: exact-heads) and approx (eps=2: the heads' argmax, the
+    paper's rule). The apps' exact mode now recycles proposals and their approx mode proposes
+    window centres (decoding.options_for): other decodes."""
+    spec = {"greedy": "greedy", "exact": f"exact-heads:k={k}", "approx": f"eps=2:k={k}"}[mode]
+    return DecodeOptions.parse(spec if prior_weight is None else f"{spec}:w={prior_weight}")
 MEASURES = ("stlpips", "stlpips_vgg", "ssim", "psnr")  # those a score dict may hold, in print order
 LOWER_IS_BETTER = ("stlpips", "stlpips_vgg")
 
@@ -24,7 +33,7 @@ def first_test_faces(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def decode_all(model, lr: np.ndarray, mode: str) -> np.ndarray:
     """greedy, or eps=2 at k=6 (approx), in batches of 32."""
-    return np.concatenate([decode(model, lr[i:i + 32], options_for(mode, 6, 2)).images for i in range(0, len(lr), 32)])
+    return np.concatenate([decode(model, lr[i:i + 32], paper_options(mode, 6)).images for i in range(0, len(lr), 32)])
 
 
 def scores(per, real: np.ndarray, out: np.ndarray) -> dict:

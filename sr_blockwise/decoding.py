@@ -830,7 +830,7 @@ DEFAULT_PRIOR_WEIGHT = 2.0
 # against 1.01x / 1.27x / 1.08x at k=4 and 0.86x / 1.09x / 0.85x at k=6); approximate mode, with
 # its window proposals, at k=4 (1.38-1.42x / 1.77-1.84x greedy at batch 1 / 16 against
 # 1.22-1.24x / 1.42-1.60x at k=2: experiments/window-proposals/), and so is speculative sampling (batch 8:
-# 1.80-1.87x plain sampling against 1.58-1.64x at k=2: experiments/speculative-sampling/)
+# 1.56-1.85x plain sampling against 1.29-1.51x at k=2 and 1.33-1.65x at k=6: experiments/speculative-sampling/)
 DEFAULT_K = {"greedy": 1, "exact": 2, "approx": 4, "sample": 4}
 
 

@@ -4,16 +4,16 @@
 # the decode time and how many faces collapsed somewhere (a 4x4 cell whose mean is > 48 levels
 # off its input pixel in some channel); bicubic and nearest-neighbour as baselines.
 #   .venv/bin/python experiments/input-guidance/guidance.py N --weights 1,1.5,2,3 [--json OUT.json]
-# N=96: guidance.log and guidance.json beside this script, 25 min on 2 cores.
+# N=96: guidance.log and guidance.json beside this script (32 faces at one weight take about 16 s).
 import argparse, json, time
 import sys; from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/paired.py
 import numpy as np, torch
-from paired import first_test_faces, scores
+from paired import first_test_faces, paper_options, scores
 from sr_blockwise import metrics
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, match_input
-from sr_blockwise.decoding import decode, options_for, pooled_block_hist
+from sr_blockwise.decoding import decode, pooled_block_hist
 
 
 def collapsed(out: np.ndarray, lr: np.ndarray, levels: int = 48) -> np.ndarray:
@@ -48,7 +48,7 @@ def main() -> None:
         for mode in ("greedy", "approx"):
             out, stats, t0 = [], [], time.perf_counter()
             for i in range(0, a.n, 32):
-                r = decode(model, lr[i:i + 32], options_for(mode, 6, 2, prior_weight=w))
+                r = decode(model, lr[i:i + 32], paper_options(mode, 6, prior_weight=w))
                 out.append(r.images)
                 stats += r.stats
             sec = (time.perf_counter() - t0) / a.n
