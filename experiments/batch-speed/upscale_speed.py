@@ -2,7 +2,7 @@
 # batch's warm-up included) by mode, k, dtype and batch size, with the shipped default weights and
 # the default input guidance, on held-out test faces' 8x8 inputs: 4 faces at batch 1, the same 64
 # at batch 8, 16, 32 and 64 (docs/upscale.md, "Speed"; the default --batch-size).
-#   .venv/bin/python experiments/batch-speed/upscale_speed.py [--modes greedy,exact,approx] [--k 2,6] [--dtypes bfloat16]
+#   .venv/bin/python experiments/batch-speed/upscale_speed.py [--modes greedy,exact,approx] [--k 2,4,6] [--dtypes bfloat16]
 # Log: upscale_speed.log beside this script.
 import argparse, json, subprocess, sys, tempfile
 from pathlib import Path
@@ -11,7 +11,7 @@ from sr_blockwise.data import downsample_8, load_faces
 
 p = argparse.ArgumentParser()
 p.add_argument("--modes", default="greedy,exact,approx")
-p.add_argument("--k", default="2,6")
+p.add_argument("--k", default="2,4,6")
 p.add_argument("--dtypes", default="bfloat16")
 p.add_argument("--batches", default="1:4,8:64,16:64,32:64,64:64", help="batch size:faces")
 a = p.parse_args()
