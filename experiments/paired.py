@@ -12,17 +12,17 @@ from sr_blockwise.decoding import DecodeOptions, decode
 from sr_blockwise.metrics import Perceptual, psnr, ssim
 
 MODES = ("greedy", "approx")  # approx: eps=2, k=6
+MEASURES = ("stlpips", "stlpips_vgg", "ssim", "psnr")  # those a score dict may hold, in print order
+LOWER_IS_BETTER = ("stlpips", "stlpips_vgg")
 
 
 def paper_options(mode: str, k: int, prior_weight: float | None = None) -> DecodeOptions:
     """The modes as these experiments' logs decoded them, named as the logs name them: greedy,
     exact (the heads' proposals alone: exact-heads) and approx (eps=2: the heads' argmax, the
-    paper's rule). The apps' exact mode now recycles proposals and their approx mode proposes
-    window centres (decoding.options_for): other decodes."""
+    paper's rule). The apps' exact mode recycles proposals and their approx mode proposes window
+    centres (decoding.options_for): other decodes than these logs'."""
     spec = {"greedy": "greedy", "exact": f"exact-heads:k={k}", "approx": f"eps=2:k={k}"}[mode]
     return DecodeOptions.parse(spec if prior_weight is None else f"{spec}:w={prior_weight}")
-MEASURES = ("stlpips", "stlpips_vgg", "ssim", "psnr")  # those a score dict may hold, in print order
-LOWER_IS_BETTER = ("stlpips", "stlpips_vgg")
 
 
 def first_test_faces(n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -145,7 +145,7 @@ def match_input(img32: np.ndarray, lr8: np.ndarray) -> np.ndarray:
     the usual repeated back-projection). A decode that collapsed into a flat wrong colour (a red
     patch over a dark cell) becomes the cell's own colour; elsewhere the texture stays and only its
     colour moves. Measured on greedy outputs of the first 96 held-out faces: ST-LPIPS -0.021 and
-    PSNR +0.53 dB, better on 96 of 96 faces (experiments/match-input/); 1.2-1.6 ms an image."""
+    PSNR +0.53 dB, better on 96 of 96 faces (experiments/match-input/); 1.2-1.4 ms an image."""
     x = np.asarray(img32, dtype=np.float64)
     blocks = x.reshape(*x.shape[:-3], 8, 4, 8, 4, 3)
     target = np.asarray(lr8, dtype=np.float64)[..., :, None, :, None, :]

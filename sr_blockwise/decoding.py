@@ -827,7 +827,8 @@ DEFAULT_PRIOR_WEIGHT = 2.0
 # the block size each mode of the apps decodes with unless told otherwise. On the native engine
 # (2 threads) a 2-token call costs 1.2x a 1-token one and a 7-token call 2.0-3.0x, so exact mode is
 # fastest at k=2 (sr-blockwise bench-decode, batch 1 / 16 / 64: 1.04x / 1.31x / 1.29x greedy
-# against 1.01x / 1.27x / 1.08x at k=4 and 0.86x / 1.09x / 0.85x at k=6); approximate mode, with
+# against 1.01x / 1.27x / 1.08x at k=4 and 0.86x / 1.09x / 0.85x at k=6; the batch command's own
+# timing, one run, has k=4 level with k=2 at batch 16 and 32: experiments/batch-speed/); approximate mode, with
 # its window proposals, at k=4 (1.38-1.42x / 1.77-1.84x greedy at batch 1 / 16 against
 # 1.22-1.24x / 1.42-1.60x at k=2: experiments/window-proposals/), and so is speculative sampling (batch 8:
 # 1.56-1.85x plain sampling against 1.29-1.51x at k=2 and 1.33-1.65x at k=6: experiments/speculative-sampling/)

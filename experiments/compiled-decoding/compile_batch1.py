@@ -7,7 +7,10 @@ import time
 import numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
-from sr_blockwise.decoding import decode, options_for
+from sr_blockwise.decoding import decode
+import sys; from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/paired.py
+from paired import paper_options  # exact: exact-heads, approx: eps=2, as the logs decoded them
 
 torch.set_num_threads(2)
 lr = downsample_8(load_faces(part="test").images[:2])
@@ -20,9 +23,9 @@ for dt in (torch.bfloat16, torch.float32):
             m.step = torch.compile(m.step, dynamic=False)
         t0 = time.perf_counter()
         for mode in ("greedy", "exact", "approx"):  # warm-up on face 0: compiles each call shape
-            decode(m, lr[:1], options_for(mode, 6, 2, prior_weight=2.0))
+            decode(m, lr[:1], paper_options(mode, 6, prior_weight=2.0))
         warm = time.perf_counter() - t0
-        r = {mode: decode(m, lr[1:2], options_for(mode, 6, 2, prior_weight=2.0)) for mode in ("greedy", "exact", "approx")}
+        r = {mode: decode(m, lr[1:2], paper_options(mode, 6, prior_weight=2.0)) for mode in ("greedy", "exact", "approx")}
         same = np.array_equal(r["exact"].images, r["greedy"].images)
         print(f"| {str(dt).split('.')[1]} | {'compiled' if compiled else 'eager'} | {r['greedy'].seconds:.2f} | "
               f"{r['exact'].seconds:.2f} ({r['exact'].stats[0].mean_block:.2f}) | {r['approx'].seconds:.2f} "

@@ -7,7 +7,10 @@
 import time, numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
-from sr_blockwise.decoding import compile_for_decoding, options_for
+from sr_blockwise.decoding import compile_for_decoding
+import sys; from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/paired.py
+from paired import paper_options  # exact: exact-heads, approx: eps=2, as the logs decoded them
 from apps.demo import decode_live
 
 torch.set_num_threads(1)  # as `sr-blockwise demo` does (--threads): the decode workers begin with it
@@ -16,7 +19,7 @@ MODES = ("greedy", "exact", "approx")
 
 
 def run(model, x, mode):
-    *_, res = decode_live(model, x, options_for(mode, 6, 2, prior_weight=2.0))
+    *_, res = decode_live(model, x, paper_options(mode, 6, prior_weight=2.0))
     return res
 
 

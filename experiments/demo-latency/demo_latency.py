@@ -1,14 +1,11 @@
 # Where the demo's time goes at batch 1: the same face decoded (a) by the library alone on the main
 # thread, (b) through apps.demo.decode_live in-process (the worker thread + live frames every 8
 # calls, no server), (c) through the real Gradio server's /upscale API (gradio_client, no browser),
-# each with the decode at 2 torch threads and at 1. Exact and approximate (eps=2, k=6 or --k), input
-# guidance 2, float32 (the demo's dtype).
-#   .venv/bin/python experiments/demo-latency/demo_latency.py [--repeats 2]
-# Logs beside this script: demo_latency.log (made by the version of commit 70b24ef, which set the
-# count inside each decode worker; now it is set on the main thread, which every thread started
-# later begins with, as `sr-blockwise demo` does), demo_latency_compile.log (--compile), and
-# demo_latency_before.log: the first version's run (worker at torch's default 2 threads, live
-# frames every 8 calls against none: ~3% in-process, 10-15% through the server).
+# each with the decode at 2 torch threads and at 1. The apps' exact and approximate modes
+# (decoding.options_for: exact recycles proposals, approx proposes window centres, eps 2) at k=6
+# or --k, input guidance 2, float32 (the demo's dtype).
+#   .venv/bin/python experiments/demo-latency/demo_latency.py [--repeats 2] [--k K]
+# Logs beside this script: demo_latency.log (k=6), demo_latency_k2.log and demo_latency_k4.log.
 import argparse, os, socket, time
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False"); os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
@@ -22,7 +19,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=2)
 p.add_argument("--threads", default="2,1", help="torch threads of the decode to compare")
 p.add_argument("--server-only", action="store_true")
-p.add_argument("--k", type=int, default=6, help="block size of both decodes (the page starts at 2)")
+p.add_argument("--k", type=int, default=6, help="block size of both decodes (the page starts at 4)")
 a = p.parse_args()
 THREADS = [int(n) for n in a.threads.split(",")]
 model = load_model("cpu-finetuned", dtype=torch.float32)

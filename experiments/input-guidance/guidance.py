@@ -4,7 +4,7 @@
 # the decode time and how many faces collapsed somewhere (a 4x4 cell whose mean is > 48 levels
 # off its input pixel in some channel); bicubic and nearest-neighbour as baselines.
 #   .venv/bin/python experiments/input-guidance/guidance.py N --weights 1,1.5,2,3 [--json OUT.json]
-# N=96: guidance.log and guidance.json beside this script (32 faces at one weight take about 16 s).
+# N=96: guidance.log and guidance.json beside this script.
 import argparse, json, time
 import sys; from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/paired.py
