@@ -19,7 +19,6 @@ from sr_blockwise.data import downsample_8, load_faces
 from sr_blockwise.decoding import DecodeOptions, decode
 
 
-
 def options(mode: str, k: int) -> DecodeOptions:
     """The log's modes on any tree: greedy, exact with the heads' proposals alone (exact-heads;
     a tree without that name has it as its exact) and eps=2 (the heads' argmax), guidance 2."""
