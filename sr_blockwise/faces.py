@@ -303,7 +303,7 @@ def mtcnn(work: Image.Image, largest_only: bool = False, min_score: float = MIN_
             boxes, points = cascade(photo, proposed_squares(found))
         else:
             found, seen = [], Seen()
-            boxes, points = cascade(photo, proposed_squares([]))  # none yet
+            boxes, points = torch.zeros(0, 5), torch.zeros(0, 5, 2)  # none yet
             for i in reversed(range(len(scales))):
                 found.insert(0, pnet_proposals(pyramid, scales[i]))
                 if len(found[0]):  # new squares: the faces found so far again
@@ -314,9 +314,14 @@ def mtcnn(work: Image.Image, largest_only: bool = False, min_score: float = MIN_
     return boxes.numpy().astype(float), points.numpy().astype(float)
 
 
+def box_area(box):
+    """A box's (left, top, right, bottom; or a stack of them, last axis) area: how detect ranks faces."""
+    return (box[..., 2] - box[..., 0]) * (box[..., 3] - box[..., 1])
+
+
 def largest_side(boxes) -> float:
-    """The side of the square as large as the largest box: the box detect ranks first."""
-    return float(((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).max().clamp(min=0).sqrt())
+    """The side of the square as large as the largest of (n, 4+) boxes: the box detect ranks first."""
+    return float(box_area(boxes).max().clamp(min=0).sqrt())
 
 
 def detect_copy(img: Image.Image, max_side: int = DETECT_MAX_SIDE) -> tuple[Image.Image, int]:
@@ -352,7 +357,7 @@ def detect(img: Image.Image, max_side: int = DETECT_MAX_SIDE, min_score: float =
              for b, m in zip(boxes, marks) if b[4] >= min_score]
     if pad:
         found = [f for f in found if not mirror_image(f, found, img.size)]
-    return sorted(found, key=lambda f: -(f[0][2] - f[0][0]) * (f[0][3] - f[0][1]))
+    return sorted(found, key=lambda f: -box_area(f[0]))
 
 
 def mirror_image(face, found, size) -> bool:

@@ -43,7 +43,7 @@ with torch.inference_mode():
             alone = alone[alone[:, 4] >= F.MIN_SCORE]
             if len(alone) and len(every):
                 coarsest[box_iou(every[:, :4], alone[:, :4]).max(1).values > 0.5] = 12 / s
-        side = ((every[:, 2] - every[:, 0]) * (every[:, 3] - every[:, 1])).sqrt()
+        side = F.box_area(every).sqrt()
         found = coarsest > 0
         ratios += [(float(r), name, float(sd)) for r, sd in zip(side[found] / coarsest[found], side[found])]
         print(f"{name}: {len(every)} faces, {int((~found).sum())} found by no scale alone")
@@ -79,7 +79,7 @@ differ = {m: [0, 0] for m in margins}  # another face, the same face with anothe
 default = F.LARGEST_MARGIN
 for name, photo in photos + extra:
     whole = F.detect(photo)
-    side = np.sqrt((whole[0][0][2] - whole[0][0][0]) * (whole[0][0][3] - whole[0][0][1])) if whole else 0
+    side = np.sqrt(F.box_area(whole[0][0])) if whole else 0
     cells = []
     for m in margins:
         F.LARGEST_MARGIN = m
@@ -93,7 +93,7 @@ for name, photo in photos + extra:
             cells.append("same")
         elif float(box_iou(torch.tensor(np.array([a])), torch.tensor(np.array([b])))[0, 0]) > 0.5:
             differ[m][1] += 1
-            cells.append(f"box {np.sqrt((b[2] - b[0]) * (b[3] - b[1])):.0f} px")
+            cells.append(f"box {np.sqrt(F.box_area(b)):.0f} px")
         else:
             differ[m][0] += 1
             cells.append("another face")

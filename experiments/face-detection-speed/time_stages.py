@@ -155,7 +155,7 @@ for kind, w, h in (("scene", 4000, 3000), ("scene", 8000, 6000), ("portrait", 40
     work, _ = F.detect_copy(open_rgb(path))
     boxes, _ = F.mtcnn(work)
     boxes = boxes[boxes[:, 4] >= F.MIN_SCORE]
-    side = float(np.sqrt(((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).max())) if len(boxes) else 0.0
+    side = float(np.sqrt(F.box_area(boxes).max())) if len(boxes) else 0.0
     searched, level = [], F.Pyramid.level
     F.Pyramid.level = lambda self, scale: searched.append(scale) or level(self, scale)
     F.mtcnn(work, largest_only=True)
