@@ -1,4 +1,5 @@
-# torch.compile with automatic dynamic shapes on the batch command's path: batch 8, fp32, 2 threads
+# torch.compile with automatic dynamic shapes on the batch command's path: batch 8, fp32, 2 threads,
+# the PyTorch engine (engine="torch"), the one torch.compile can compile
 import time, sys, numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
@@ -19,9 +20,9 @@ for tag in ("eager", "compiled"):
         for name in ("step", "logits", "draft_heads"):
             setattr(m, name, torch.compile(getattr(m, name), dynamic=None))
     for mode in ("greedy", "approx"):
-        t0 = time.perf_counter(); decode(m, warm, paper_options(mode, 6, prior_weight=2.0))
+        t0 = time.perf_counter(); decode(m, warm, paper_options(mode, 6, prior_weight=2.0), engine="torch")
         w = time.perf_counter() - t0
-        r = [decode(m, x[i * B:(i + 1) * B], paper_options(mode, 6, prior_weight=2.0)) for i in range(2)]
+        r = [decode(m, x[i * B:(i + 1) * B], paper_options(mode, 6, prior_weight=2.0), engine="torch") for i in range(2)]
         res[tag, mode] = r
         s = sum(q.seconds for q in r) / (2 * B)
         print(f"{tag} {mode}: warm-up batch {w:.1f} s; {s:.2f} s/image; block {np.mean([st.mean_block for q in r for st in q.stats]):.2f}", flush=True)

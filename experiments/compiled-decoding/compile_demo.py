@@ -4,6 +4,8 @@
 # timed. Checks, per face: exact == greedy, and compiled greedy == eager greedy.
 #   .venv/bin/python experiments/compiled-decoding/compile_demo.py      (log: compile_demo.log, whose
 #   table is this version's output; the first version's figures are noted below it)
+# It runs on the code of commit 15a8b75, the last with compile_for_decoding (it went with the
+# native engine): git worktree add ../compiled 15a8b75
 import time, numpy as np, torch
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
