@@ -1,6 +1,8 @@
 """Exact-distribution test of speculative sampling on a truncated image (decoding.SEQ_LEN patched to L).
 Randomized PIT of each sampled token under p1 (teacher-forced, same prior weight, temperature T)
-must be iid Uniform(0,1) iff the joint distribution of the L tokens is plain sampling's."""
+must be iid Uniform(0,1) iff the joint distribution of the L tokens is plain sampling's.
+Decodes on the PyTorch engine (engine="torch"), the one that reads the patched SEQ_LEN and
+residual_logits (power.py)."""
 import sys, time
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[3]; sys.path.insert(0, str(ROOT / "tests")); sys.path.insert(0, str(ROOT))
 import numpy as np, torch
@@ -42,7 +44,7 @@ def pit(tok, rng):
 res = {}
 for k in ks:
     t0 = time.time()
-    r = D.decode(m, np.repeat(lr1, N, 0), D.DecodeOptions(k=k, temperature=T, prior_weight=W), seeds=list(range(OFF, OFF + N)))
+    r = D.decode(m, np.repeat(lr1, N, 0), D.DecodeOptions(k=k, temperature=T, prior_weight=W), seeds=list(range(OFF, OFF + N)), engine="torch")
     tok = r.images
     u, p = pit(tok, np.random.default_rng(k))
     mb = np.mean([s.mean_block for s in r.stats])
