@@ -1,6 +1,7 @@
 # Paired per-face comparison of two weights before shipping: greedy and eps=2 k=6 on the first N
-# held-out test faces (batch 32, bf16, 2 threads); ST-LPIPS / SSIM / PSNR against the real face,
-# and each measure's difference NEW - OLD with its standard error over the faces.
+# held-out test faces (batch 32, bf16, 2 threads, on the PyTorch engine, as its logs were made);
+# ST-LPIPS / SSIM / PSNR against the real face, and each measure's difference NEW - OLD with its
+# standard error over the faces.
 #   .venv/bin/python experiments/paired.py N --old OLD.json --new NEW.json [--names OLD,NEW]
 # 14 min at N=96. Its logs: experiments/gpu-finetuning/paired-*.log.
 # experiments/match-input/match_input.py and experiments/input-guidance/*.py import its helpers
@@ -32,8 +33,11 @@ def first_test_faces(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def decode_all(model, lr: np.ndarray, mode: str) -> np.ndarray:
-    """greedy, or eps=2 at k=6 (approx), in batches of 32."""
-    return np.concatenate([decode(model, lr[i:i + 32], paper_options(mode, 6)).images for i in range(0, len(lr), 32)])
+    """greedy, or eps=2 at k=6 (approx), in batches of 32, on the PyTorch engine (engine="torch"),
+    which made the logs of its users (gpu-finetuning, match-input); the native engine rounds
+    differently."""
+    return np.concatenate([decode(model, lr[i:i + 32], paper_options(mode, 6), engine="torch").images
+                           for i in range(0, len(lr), 32)])
 
 
 def scores(per, real: np.ndarray, out: np.ndarray) -> dict:

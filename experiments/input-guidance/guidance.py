@@ -4,7 +4,8 @@
 # the decode time and how many faces collapsed somewhere (a 4x4 cell whose mean is > 48 levels
 # off its input pixel in some channel); bicubic and nearest-neighbour as baselines.
 #   .venv/bin/python experiments/input-guidance/guidance.py N --weights 1,1.5,2,3 [--json OUT.json]
-# N=96: guidance.log and guidance.json beside this script.
+# N=96: guidance.log and guidance.json beside this script. It decodes on the PyTorch engine
+# (engine="torch"), as those logs did.
 import argparse, json, time
 import sys; from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/paired.py
@@ -48,7 +49,7 @@ def main() -> None:
         for mode in ("greedy", "approx"):
             out, stats, t0 = [], [], time.perf_counter()
             for i in range(0, a.n, 32):
-                r = decode(model, lr[i:i + 32], paper_options(mode, 6, prior_weight=w))
+                r = decode(model, lr[i:i + 32], paper_options(mode, 6, prior_weight=w), engine="torch")
                 out.append(r.images)
                 stats += r.stats
             sec = (time.perf_counter() - t0) / a.n
