@@ -5,10 +5,11 @@ saved run: a refactor that moves code must leave every output bit for bit as it 
     python experiments/bit-identical-outputs/check_outputs.py --compare before.npz  # on the new one
 
 What it records, on the first --faces faces of the held-out split:
-- the shipped weights (cpu-finetuned, bf16) on the native engine: greedy, exact k=6, eps=2 k=6,
-  eps=2 window proposals, top-2 with min_block 2, oracle k=6, exact at prior weight 2; the
-  torch engine for greedy and eps=2 k=6; sampling at T=0.8 with k=1 and k=4 (fixed seeds,
-  torch engine); the images, block maps and per-image call counts of each;
+- the shipped weights (cpu-finetuned, bf16) on the native engine: greedy, exact k=6 (recycled
+  proposals), exact-heads k=6, eps=2 k=6, eps=2 window proposals, top-2 with min_block 2, oracle
+  k=6, exact at prior weight 2; the torch engine for greedy and eps=2 k=6; sampling at T=0.8
+  with k=1 and k=4 (fixed seeds, native engine); the images, block maps and per-image call
+  counts of each;
 - exact mode's replay (exact_block_stats, k in 1..10) on both engines;
 - small random models (the tests' `tiny` preset, fixed seeds) in float64 and bf16: head1='layer'
   (p1 through the head layer; torch engine), nbr_prior without nbr_draft, no nbr_prior; their
