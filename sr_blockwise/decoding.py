@@ -360,19 +360,24 @@ def accepted_length(props: torch.Tensor, verify_logits: torch.Tensor, opts: Deco
 ENGINES = ("auto", "native", "torch")
 
 
+def not_native(model: ImageTransformerSR) -> str | None:
+    """Why the native engine cannot decode this model here, or None where it can."""
+    if next(model.parameters()).device.type != "cpu":
+        return "the native engine runs on the CPU"
+    if native.supports(model):
+        return native.supports(model)
+    if not native.available():
+        return native.build_problem()
+    return None
+
+
 def engine_for(model: ImageTransformerSR, opts: DecodeOptions, engine: str = "auto") -> str:
     """Which engine decodes: "native" (sr_blockwise/engine.cpp: a whole blockwise step of a
     batch in one call, float32 arithmetic) wherever it can, else "torch" (the PyTorch step:
     head1='layer' models, GPUs, machines without a C++ compiler)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {ENGINES}")
-    why = None
-    if next(model.parameters()).device.type != "cpu":
-        why = "the native engine runs on the CPU"
-    elif native.supports(model):
-        why = native.supports(model)
-    elif not native.available():
-        why = "the native engine could not be built here"
+    why = not_native(model)
     if engine == "native" and why:
         raise ValueError(why)
     return "torch" if (engine == "torch" or why) else "native"

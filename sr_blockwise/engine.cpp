@@ -32,20 +32,80 @@
 #define ENGINE_AMX 0
 #endif
 
+// 16 floats: one AVX-512 register. Without AVX-512 (an AVX2 processor) a v16 is two 8-float
+// vectors in two registers: GCC keeps a 64-byte vector type it has no register for in memory,
+// 16 bytes a move (calls several times slower). The few AVX-512 instructions used have portable
+// equivalents there (the #else branches): the same operations in the same order.
+#ifdef __AVX512F__
 typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16 splat(float x) { return (v16)_mm512_set1_ps(x); }
+static inline v16 select(v16i m, v16 a, v16 b) { return m ? a : b; }
+#define sum_of(x) _mm512_reduce_add_ps((__m512)(x))  // a macro: the instructions stay as they were written inline
+static inline float max_lane(v16 x) { return _mm512_reduce_max_ps((__m512)x); }
+#else
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+struct v16 {
+    v8 lo, hi;
+    float operator[](int i) const { return i < 8 ? lo[i] : hi[i - 8]; }
+};
+struct v16i { v8i lo, hi; };
+#define V16_ARITHMETIC(op)                                                                                   \
+    static inline v16 operator op(v16 a, v16 b) { return {a.lo op b.lo, a.hi op b.hi}; }                   \
+    static inline v16 operator op(v16 a, float b) { return {a.lo op b, a.hi op b}; }                       \
+    static inline v16 operator op(float a, v16 b) { return {a op b.lo, a op b.hi}; }                       \
+    static inline void operator op##=(v16& a, v16 b) { a.lo op##= b.lo; a.hi op##= b.hi; }                 \
+    static inline void operator op##=(v16& a, float b) { a.lo op##= b; a.hi op##= b; }
+V16_ARITHMETIC(+) V16_ARITHMETIC(-) V16_ARITHMETIC(*) V16_ARITHMETIC(/)
+#define V16_COMPARE(op)                                                                                      \
+    static inline v16i operator op(v16 a, v16 b) { return {a.lo op b.lo, a.hi op b.hi}; }                  \
+    static inline v16i operator op(v16 a, float b) { return {a.lo op b, a.hi op b}; }
+V16_COMPARE(<) V16_COMPARE(>)
+static inline v16 operator-(v16 a) { return {-a.lo, -a.hi}; }
+static inline v16 splat(float x) { const v8 v = {x, x, x, x, x, x, x, x}; return {v, v}; }
+static inline v16 select(v16i m, v16 a, v16 b) { return {m.lo ? a.lo : b.lo, m.hi ? a.hi : b.hi}; }
+// _mm512_reduce_add_ps's tree: halves added, then quarters, eighths, the last pair
+static inline float sum_of(v16 x) {
+    const v8 a = x.hi + x.lo;
+    float b[4];
+    for (int i = 0; i < 4; i++) b[i] = a[i + 4] + a[i];
+    return (b[2] + b[0]) + (b[3] + b[1]);
+}
+static inline float max_lane(v16 x) {
+    float m = x[0];
+    for (int i = 1; i < 16; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+// lanes l with j + l < cnt: a window's first cnt values, 16 at a time from j
+static inline v16i lanes_below(int j, int cnt) {
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    return {lane + j < cnt, lane + (j + 8) < cnt};
+}
+#endif
 static inline v16 ld(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
 static inline void st(float* p, v16 v) { std::memcpy(p, &v, 64); }
-static inline v16 splat(float x) { return (v16)_mm512_set1_ps(x); }
 
 // e^x for x <= 88, ~1 ulp: 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial
 static inline v16 vexp(v16 x) {
-    x = x < -87.f ? splat(-87.f) : x;
+    x = select(x < -87.f, splat(-87.f), x);
     v16 t = x * 1.44269504088896341f;
+#ifdef __AVX512F__
     v16 n = (v16)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    v16 n = (t + 12582912.f) - 12582912.f;  // nearest, ties to even, as roundscale (|t| < 2^22)
+#endif
     v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
     v16 p = splat(1.f / 720);
     p = p * r + 1.f / 120; p = p * r + 1.f / 24; p = p * r + 1.f / 6; p = p * r + 0.5f; p = p * r + 1.f; p = p * r + 1.f;
+#ifdef __AVX512F__
     return (v16)_mm512_scalef_ps((__m512)p, (__m512)n);  // p 2^n, exact
+#else
+    // p 2^n, 2^n made from its bits (-126 <= n <= 0 here): exact
+    return p * v16{(v8)((__builtin_convertvector(n.lo, v8i) + 127) << 23),
+                   (v8)((__builtin_convertvector(n.hi, v8i) + 127) << 23)};
+#endif
 }
 
 static const int S = 3072;  // target tokens
@@ -130,17 +190,33 @@ static inline void mark(const Engine* E, int stage) {  // stage -1: a call's sta
 // second: exact, a bfloat16 being a float32's high half (`<< 16` for the low halves, masking for
 // the high ones: one instruction each)
 static inline void ld_pairs(const uint16_t* p, v16& first, v16& second) {
+#ifdef __AVX512F__
     const __m512i u = _mm512_loadu_si512(p);
     first = (v16)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
     second = (v16)_mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+#else
+    v8i u[2];
+    std::memcpy(u, p, 64);
+    first = {(v8)(u[0] << 16), (v8)(u[1] << 16)};
+    second = {(v8)(u[0] & (int)0xffff0000u), (v8)(u[1] & (int)0xffff0000u)};
+#endif
 }
 // 16 floats (as bits) rounded to bfloat16, nearest, ties to even, as torch's .to(torch.bfloat16)
 // rounds (the encoder's keys and values, which the decoder's must match)
+#ifdef __AVX512F__
 static inline __m256i round_bf16(__m512i u) {
     const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
     return _mm512_cvtepi32_epi16(
         _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16));
 }
+#else
+static inline void round_bf16(v16 x, uint16_t out[16]) {
+    for (int h = 0; h < 2; h++) {
+        const v8u u = (v8u)(h ? x.hi : x.lo), r = (u + (0x7fffu + ((u >> 16) & 1u))) >> 16;
+        for (int i = 0; i < 8; i++) out[8 * h + i] = (uint16_t)r[i];
+    }
+}
+#endif
 
 // y[r, 0:16*NC] = b + x[r, 0:K] @ W[0:K, 0:16*NC] for NR rows (W: NC panels, `panel` elements
 // apart; odd: a lone bf16 panel that is the second of its pair). Each output is accumulated over k
@@ -152,6 +228,42 @@ static inline __m256i round_bf16(__m512i u) {
 // low half and of the second in its high half, so `<< 16` gives the first panel's floats and
 // masking the low half off the second's (one instruction each, where widening 16 values by
 // zero-extension and a shift took two).
+#ifndef __AVX512F__
+// the same sums in 8-float registers: GCC keeps an array of v8 in registers, not one of v16 structs
+// (nor one whose elements' addresses are taken)
+static inline v8 ld8(const float* p) { v8 v; std::memcpy(&v, p, 32); return v; }
+static inline void st8(float* p, v8 v) { std::memcpy(p, &v, 32); }
+template <int NR, int NC, typename WT>
+static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K,
+                     int odd) {
+    v8 acc[NR][2 * NC];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < 2 * NC; c++) acc[r][c] = b ? ld8(b + 8 * c) : v8{};
+    for (int k = 0; k < K; k++) {
+        v8 w[2 * NC];
+        if constexpr (sizeof(WT) == 2) {
+            for (int c = 0; c < NC; c += 2) {
+                v8i u[2];
+                std::memcpy(u, W + c * panel + (size_t)k * 32, 64);
+                for (int h = 0; h < 2; h++) {
+                    const v8 first = (v8)(u[h] << 16), second = (v8)(u[h] & (int)0xffff0000u);
+                    w[2 * c + h] = NC == 1 && odd ? second : first;
+                    if (c + 1 < NC) w[2 * c + 2 + h] = second;
+                }
+            }
+        } else {
+            for (int c = 0; c < 2 * NC; c++) w[c] = ld8(W + (c / 2) * panel + (size_t)k * 16 + 8 * (c % 2));
+        }
+        for (int r = 0; r < NR; r++) {
+            const float xr = x[(size_t)r * ldx + k];
+            const v8 xs = {xr, xr, xr, xr, xr, xr, xr, xr};
+            for (int c = 0; c < 2 * NC; c++) acc[r][c] += xs * w[c];
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < 2 * NC; c++) st8(y + (size_t)r * ldy + 8 * c, acc[r][c]);
+}
+#else
 template <int NR, int NC, typename WT>
 static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K,
                      int odd) {
@@ -178,6 +290,7 @@ static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const f
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) st(y + (size_t)r * ldy + 16 * c, acc[r][c]);
 }
+#endif
 
 // the last m < M + 1 rows of a column block (the tile of exactly m rows)
 template <int M, int NC, typename WT>
@@ -450,9 +563,9 @@ static void lin_cols(const float* x, int ldx, int n, Mat W, int c0, int nc, cons
 static void layer_norm(const float* x, const float* w, const float* b, float* y, int d) {
     v16 s = splat(0.f), q = splat(0.f);
     for (int i = 0; i < d; i += 16) s += ld(x + i);
-    const v16 mean = splat(_mm512_reduce_add_ps((__m512)s) / d);
+    const v16 mean = splat(sum_of(s) / d);
     for (int i = 0; i < d; i += 16) { v16 t = ld(x + i) - mean; q += t * t; }
-    const v16 inv = splat(1.f / std::sqrt(_mm512_reduce_add_ps((__m512)q) / d + 1e-5f));
+    const v16 inv = splat(1.f / std::sqrt(sum_of(q) / d + 1e-5f));
     for (int i = 0; i < d; i += 16) st(y + i, (ld(x + i) - mean) * inv * ld(w + i) + ld(b + i));
 }
 
@@ -460,11 +573,11 @@ static void layer_norm(const float* x, const float* w, const float* b, float* y,
 static void gelu(float* x, int n) {
     for (int i = 0; i < n; i += 16) {
         v16 v = ld(x + i), z = v * 0.70710678118654752f;
-        v16 a = z < 0.f ? -z : z;
+        v16 a = select(z < 0.f, -z, z);
         v16 t = 1.f / (1.f + 0.3275911f * a);
         v16 poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
         v16 e = 1.f - poly * vexp(-a * a);
-        e = z < 0.f ? -e : e;
+        e = select(z < 0.f, -e, e);
         st(x + i, 0.5f * v * (1.f + e));
     }
 }
@@ -519,6 +632,7 @@ static void weighted_sum(int n, const float* scores, int span, const KV* V, int 
 // sum, lane l taking key j = l mod 16, then the lanes in a fixed tree: the same operations for a
 // query whatever span its group has (zeros add nothing)
 static float softmax_row(float* sc, int cnt, int span, float scale) {
+#ifdef __AVX512F__
     auto window = [cnt](int j) -> __mmask16 { return j + 16 <= cnt ? 0xffff : j < cnt ? (1u << (cnt - j)) - 1 : 0; };
     __m512 vm = _mm512_set1_ps(-INFINITY);
     for (int j = 0; j < span; j += 16) {
@@ -534,6 +648,22 @@ static float softmax_row(float* sc, int cnt, int span, float scale) {
         sum += e;
     }
     return 1.f / _mm512_reduce_add_ps((__m512)sum);
+#else
+    v16 vm = splat(-INFINITY);
+    for (int j = 0; j < span; j += 16) {
+        const v16 x = ld(sc + j) * scale;
+        st(sc + j, x);
+        vm = select(lanes_below(j, cnt), select(vm > x, vm, x), vm);
+    }
+    const float mx = max_lane(vm);
+    v16 sum = splat(0.f);
+    for (int j = 0; j < span; j += 16) {
+        const v16 e = select(lanes_below(j, cnt), vexp(ld(sc + j) - mx), splat(0.f));
+        st(sc + j, e);
+        sum += e;
+    }
+    return 1.f / sum_of(sum);
+#endif
 }
 
 // Softmax attention of one head for NQ <= 8 queries (rows of q, stride ldq, at the head's
@@ -759,11 +889,27 @@ static void write_kv(const Engine* E, int li, int b, int h, int n, int pos0, con
     const int d = E->d, CL = E->cache_len, H = E->H, hd = d / H;
     const size_t head = ((size_t)b * H + h) * CL * hd;
     KV *Kh = (KV*)E->k_cache[li] + head, *Vh = (KV*)E->v_cache[li] + head;
+#ifdef __AVX512F__
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+#endif
     for (int j = 0; j < n; j++) {
         const int slot = (pos0 + j) % (3 * E->L);
         const float *k = qkv + (size_t)j * 3 * d + d + h * hd, *v = k + d;
         for (int e = 0; e < hd; e += 16) {
+#ifndef __AVX512F__
+            uint16_t kb[16], vb[16];
+            round_bf16(ld(k + e), kb);
+            round_bf16(ld(v + e), vb);
+            for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L) {  // the same layout as the scatters below
+                if constexpr (sizeof(KV) == 2) {
+                    for (int i = 0; i < 8; i++) std::memcpy(Kh + key_at(copy, e, hd, true) + 32 * i, kb + 2 * i, 4);
+                    for (int i = 0; i < 16; i++) ((uint16_t*)Vh + value_at(copy & ~1, e, hd, true))[2 * i + (copy & 1)] = vb[i];
+                } else {
+                    for (int i = 0; i < 16; i++) ((float*)Kh + key_at(copy, e, hd, false))[32 * i] = k[e + i];
+                    std::memcpy(Vh + value_at(copy, e, hd, false), v + e, 64);
+                }
+            }
+#else
             const __m512 kf = _mm512_loadu_ps(k + e), vf = _mm512_loadu_ps(v + e);
             const __m256i kb = round_bf16(_mm512_castps_si512(kf)), vb = round_bf16(_mm512_castps_si512(vf));
             for (int copy = slot; copy < 4 * E->L; copy += 3 * E->L) {  // slots < L also at +3L
@@ -778,6 +924,7 @@ static void write_kv(const Engine* E, int li, int b, int h, int n, int pos0, con
                     _mm512_storeu_ps(Vh + value_at(copy, e, hd, false), vf);
                 }
             }
+#endif
         }
     }
 }
@@ -956,8 +1103,12 @@ static inline int argmax(const float* z) {
 
 static inline float max_of(const float* z) {  // z[argmax(z)], 16 values a step
     v16 m = ld(z);
+#ifdef __AVX512F__
     for (int v = 16; v < V; v += 16) m = (v16)_mm512_max_ps((__m512)m, (__m512)ld(z + v));
-    return _mm512_reduce_max_ps((__m512)m);
+#else
+    for (int v = 16; v < V; v += 16) { const v16 x = ld(z + v); m = select(m > x, m, x); }
+#endif
+    return max_lane(m);
 }
 
 static inline int64_t token_at(const int64_t* toks, int p) { return toks[p < 0 ? 0 : p]; }
@@ -1003,10 +1154,16 @@ static int window_centre(const float* lg, int window) {
     for (int v = 0; v < V; v += 16) {
         v16 mass = splat(0.f);
         for (int u = -window; u <= window; u++) mass += ld(p + pad + v + u);
-        const float top = _mm512_reduce_max_ps((__m512)mass);
+        const float top = max_lane(mass);
         if (top > best) {
             best = top;
+#ifdef __AVX512F__
             bv = v + __builtin_ctz(_mm512_cmp_ps_mask((__m512)mass, _mm512_set1_ps(top), _CMP_EQ_OQ));
+#else
+            int l = 0;
+            while (mass[l] != top) l++;
+            bv = v + l;
+#endif
         }
     }
     return bv;

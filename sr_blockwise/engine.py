@@ -6,8 +6,9 @@ batch in one native call: the decoder step for the block's tokens, p1's logits, 
 rule, the commit, and the next block's proposals (engine.cpp says why it is exact).
 
 Built with the system's C++ compiler on first use into ~/.cache/sr-blockwise/engine/ (a few
-seconds; `SR_BLOCKWISE_CACHE` moves it); where no compiler is found, `available()` is False and
-decoding falls back to the PyTorch path.
+seconds; `SR_BLOCKWISE_CACHE` moves it), for the processor it runs on: AVX-512 where it has it
+(and AMX's tiles), else AVX2's 8-float vectors. Where it cannot be built (no compiler),
+`available()` is False and decoding falls back to the PyTorch path.
 """
 from __future__ import annotations
 
@@ -143,6 +144,15 @@ def available() -> bool:
         return True
     except RuntimeError:
         return False
+
+
+def build_problem() -> str | None:
+    """Why the engine cannot be built here, in a line (None where it can)."""
+    try:
+        library()
+        return None
+    except RuntimeError as e:
+        return str(e).splitlines()[0].rstrip(":")
 
 
 def supports(model: ImageTransformerSR) -> str | None:

@@ -757,6 +757,11 @@ def run(cfg: Config) -> int:
     opts = up.options(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=cfg.seed,
                       prior_weight=cfg.prior_weight)
     prior_weight, weights, device = opts.prior_weight, up.weights, up.device
+    from .decoding import not_native
+    why = not_native(up.model)
+    if todo and why and device == "cpu":  # on a GPU the PyTorch engine is the one meant
+        print(f"warning: decoding on the PyTorch engine, many times slower than the native one: {why}",
+              file=sys.stderr)
     # OUTDIR (where there is anything to write) and the metrics file's folder must take files:
     # checked before any decoding
     if todo:

@@ -9,7 +9,7 @@ from sr_blockwise import engine
 from sr_blockwise.decoding import DecodeOptions, decode
 from sr_blockwise.model import SEQ_LEN, ImageTransformerSR, preset
 
-pytestmark = pytest.mark.skipif(not engine.available(), reason="no C++ compiler: the native engine cannot be built")
+pytestmark = pytest.mark.skipif(not engine.available(), reason=str(engine.build_problem()))
 
 
 def _image(seed, B=2):
