@@ -845,6 +845,8 @@ def run(cfg: Config) -> int:
                 continue
             photos[id(j)] = (ph, {})
             for n, f in enumerate(ph.faces):
+                if id(j) not in photos:  # a batch with its first faces failed: the rest would be dropped
+                    break
                 batch.append((j, n, f[0] if isinstance(f, tuple) else f.lr))
                 if len(batch) == cfg.batch_size:
                     yield batch

@@ -213,6 +213,28 @@ def test_a_photo_whose_writing_fails_leaves_none_of_its_files(tmp_path, fast, ca
     assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png", "pair_pasted.png"]
 
 
+def test_a_photo_whose_batch_fails_is_not_decoded_further(tmp_path, fast, capsys, monkeypatch, rng):
+    """Decoding fails for the batch holding a photo's first face (batch size 1): the photo is
+    reported failed, its second face is not decoded only to be dropped, and the next file is done."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    two_faces().save(src / "a_pair.png")
+    save(src / "b.png", tiny8(rng))
+    decoded = []
+    real = upscale.decode_batch
+
+    def fails_first(up, lrs, jobs, *a, **kw):
+        decoded.append(jobs[0].src.name)
+        if len(decoded) == 1:
+            raise RuntimeError("out of memory (simulated)")
+        return real(up, lrs, jobs, *a, **kw)
+    monkeypatch.setattr(upscale, "decode_batch", fails_first)
+    assert main([str(src), "-o", str(out), "--faces", "all", "--batch-size", "1"] + fast) == 1
+    assert "decoding failed: RuntimeError" in capsys.readouterr().out
+    assert decoded == ["a_pair.png", "b.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["b_face0.png"]
+
+
 def test_taking_back_a_failed_photo_never_removes_an_input(tmp_path, fast, capsys, monkeypatch, rng):
     """The last check before a write finds an input where an output would go (an input the
     planning did not see as such, injected here): the photo fails, and the file stays."""
