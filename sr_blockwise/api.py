@@ -105,14 +105,26 @@ class Upscaler:
         """The largest block size k these weights decode with (their number of heads)."""
         return self.model.cfg.n_blockwise
 
-    def options(self, mode: str = "exact", k: int | None = None, eps: int = 2, temperature: float = 1.0,
-                seed: int = 0, prior_weight: float | None = None):
+    def options(self, mode: str = "exact", k: int | None = None, eps: int | None = None,
+                temperature: float | None = None, seed: int = 0, prior_weight: float | None = None):
         """decoding.DecodeOptions for a decode mode (decoding.MODES), checked against these weights.
         k None: the mode's default block size (decoding.DEFAULT_K: 2 for exact, 4 for approx and
-        sample). prior_weight None: the weights' default input guidance (decoding.default_prior_weight)."""
+        sample). eps (approx; default 2) and temperature (sample; default 1.0) are refused in the
+        other modes, which would not read them. prior_weight None: the weights' default input
+        guidance (decoding.default_prior_weight)."""
         from .decoding import default_prior_weight, options_for
+        if mode == "greedy" and k not in (None, 1):
+            raise ValueError(f"k={k}: greedy decoding takes one token per call; mode 'exact' gives the same "
+                             "output in blocks of up to k")
+        if eps is not None and mode != "approx":
+            raise ValueError(f"eps={eps}: only mode 'approx' accepts proposals within eps levels "
+                             f"(mode {mode!r} does not read it)")
+        if temperature is not None and mode != "sample":
+            raise ValueError(f"temperature={temperature:g}: only mode 'sample' draws at a temperature "
+                             f"(mode {mode!r} does not read it)")
         w = default_prior_weight(self.model) if prior_weight is None else prior_weight
-        opts = options_for(mode, k=k, eps=eps, temperature=temperature, seed=seed, prior_weight=w)
+        opts = options_for(mode, k=k, eps=2 if eps is None else eps,
+                           temperature=1.0 if temperature is None else temperature, seed=seed, prior_weight=w)
         opts.check(self.model)
         return opts
 
@@ -125,7 +137,8 @@ class Upscaler:
         r = decode(self.model, lrs, opts, progress=progress, seeds=seeds)
         return r.images, [ImageStats(int(st.calls), float(st.mean_block), float(st.seconds)) for st in r.stats]
 
-    def upscale(self, images, mode: str = "exact", k: int | None = None, eps: int = 2, temperature: float = 1.0,
+    def upscale(self, images, mode: str = "exact", k: int | None = None, eps: int | None = None,
+                temperature: float | None = None,
                 seed: int | Sequence[int] = 0, prior_weight: float | None = None, match_input: bool = True,
                 batch_size: int = 16, return_stats: bool = False):
         """Upscale one face, or a list of them, to 32x32.
@@ -139,8 +152,9 @@ class Upscaler:
         unusable one raises data.BadImage, a ValueError saying why (and, in a list, which).
 
         mode: greedy, exact (blockwise, the same output as greedy), approx (blockwise, accepting
-        proposals within eps levels) or sample (at `temperature`; with k > 1 by speculative
-        sampling, the same distribution in fewer calls). k: block size, 1..max_k (None: the mode's
+        proposals within eps levels, default 2) or sample (at `temperature`, default 1.0; with k > 1
+        by speculative sampling, the same distribution in fewer calls); eps and temperature are
+        refused in the modes that would not read them. k: block size, 1..max_k (None: the mode's
         default, decoding.DEFAULT_K). seed (sample):
         an int for every image, or one per image; an image's sample depends on its input and
         seed only. prior_weight: input guidance, None for the weights' default. match_input: shift

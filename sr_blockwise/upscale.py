@@ -754,7 +754,7 @@ def run(cfg: Config) -> int:
     up = Upscaler(cfg.weights, device=cfg.device, dtype=cfg.dtype)
     # the weights' default guidance where none is given; k beyond this model's heads etc.: a bad
     # argument, before any work
-    opts = up.options(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=cfg.seed,
+    opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
                       prior_weight=cfg.prior_weight)
     prior_weight, weights, device = opts.prior_weight, up.weights, up.device
     from .decoding import not_native

@@ -123,7 +123,10 @@ def test_bad_inputs_raise_value_errors_before_any_decoding(tiny, monkeypatch, im
 def test_bad_settings_raise_value_errors(tiny):
     img = np.zeros((8, 8, 3), np.uint8)
     for kw, message in [({"mode": "fast"}, "unknown mode"), ({"k": 99}, "k must be in 1..10"),
-                        ({"batch_size": 0}, "batch_size"), ({"seed": [1, 2]}, "2 seeds for 1 images")]:
+                        ({"batch_size": 0}, "batch_size"), ({"seed": [1, 2]}, "2 seeds for 1 images"),
+                        # arguments the mode would not read are refused, as the batch command's flags
+                        ({"eps": 3}, "only mode 'approx'"), ({"mode": "approx", "temperature": 0.5}, "only mode 'sample'"),
+                        ({"mode": "greedy"}, "greedy decoding takes one token per call")]:
         with pytest.raises(ValueError, match=message):
             tiny.upscale(img, **{"k": 4, **kw})
     # every image's sampling seed is checked before any decoding, not only the first one
