@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sr_blockwise.api import dtype_name
 from sr_blockwise.data import DEFAULT_DATA, BadImage, bicubic_upscale, match_input
 from sr_blockwise.faces import DetectorMissing
 from sr_blockwise.live import (DECODE_THREADS, FILL, GREEDY_CALLS, TITLES, Frame, block_map_image,
@@ -352,7 +353,7 @@ def register(subparsers) -> None:
                         "run; 0: torch's default). 1 by default: the demo decodes in worker threads, where 2 "
                         "threads ran several times slower than 1 on a 2-core machine (the native engine uses 1 "
                         "thread there whatever this says)")
-    d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+    d.add_argument("--dtype", default="float32", type=dtype_name, choices=["float32", "bfloat16"],
                    help="the weights' dtype: the native engine computes in float32 with them, the PyTorch "
                         "step (models the engine does not run) in this dtype")
     d.set_defaults(func=cmd_demo)

@@ -29,6 +29,12 @@ from PIL import Image
 from . import data
 
 DTYPES = ("bfloat16", "float16", "float32")
+SHORT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # evaluate's records spell them so
+
+
+def dtype_name(name: str) -> str:
+    """A dtype's name in either spelling (bf16 or bfloat16, ...) -> the full one, as every command takes it."""
+    return SHORT_DTYPES.get(name, name)
 # decode's per-image seed for a sampling seed s: s * SEED_STRIDE is what decode gives an image
 # decoded alone with DecodeOptions(seed=s) (see decoding._sampling_noise), as the demo decodes
 SEED_STRIDE = 1_000_003
@@ -76,6 +82,7 @@ def torch_dtype(name):
     import torch
     if isinstance(name, torch.dtype):
         return name
+    name = dtype_name(name)
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r}: choose from {sorted(DTYPES)}")
     return getattr(torch, name)

@@ -255,6 +255,16 @@ def test_api_errors_name_the_arguments_not_the_command_line_flags():
         torch_dtype("int8")
 
 
+def test_every_command_takes_both_dtype_spellings():
+    """bf16 / bfloat16, fp32 / float32: each command with --dtype takes either spelling."""
+    parsers = {p.prog: p for p in cli._every_parser(cli.build_parser())}
+    for prog, args in [("upscale", ["in", "-o", "out"]), ("bench-decode", []), ("demo", []), ("evaluate", [])]:
+        parser = parsers[f"sr-blockwise {prog}"]
+        short = parser.parse_args(args + ["--dtype", "fp32"]).dtype
+        assert short == parser.parse_args(args + ["--dtype", "float32"]).dtype, prog
+        assert parser.parse_args(args + ["--dtype", "bf16"]).dtype in ("bf16", "bfloat16"), prog
+
+
 def test_every_commands_help_gives_its_defaults():
     """`--help` of every command and subcommand says each option's default (once: none of
     argparse's '(default: None)' after a help that already says it)."""

@@ -1,6 +1,8 @@
 """`sr-blockwise bench-decode` and `bench-train`: decoding and training speed (sr_blockwise/bench.py)."""
 from __future__ import annotations
 
+from ..api import dtype_name
+
 
 def cmd_bench(a):
     import torch
@@ -45,7 +47,7 @@ def register(sub):
     p.add_argument("--prior-weight", type=float, default=None,
                    help="input guidance for every decode (default: the apps' default, 2, where the model "
                         "has the input prior; else 1)")
-    p.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
+    p.add_argument("--dtype", default="float32", type=dtype_name, choices=["bfloat16", "float32"],
                    help="dtype of the weights (the native engine computes in float32 either way)")
     p.add_argument("--threads", type=int, default=0,
                    help="threads decoding runs on (0: torch's default, one per core)")

@@ -37,7 +37,7 @@ def register(subparsers) -> None:
                         "eps=E, eps-window=E, top-k=N, min-block=N, oracle "
                         "(greedy, with and without KV cache, always runs first)")
     p.add_argument("--batch-size", type=int, default=1, help="images per decode call (the paper: 1)")
-    # the other commands spell dtypes out (bfloat16, ...): both spellings are taken; records keep the short one
+    # every command takes both spellings; evaluate's records keep the short one
     p.add_argument("--dtype", default="bf16", type=lambda v: DTYPE_NAMES.get(v, v), choices=["bf16", "fp32", "fp16"],
                    help="precision of the decoding's matrix products: bf16 (bfloat16), fp32 "
                         "(float32) or fp16 (float16); bits/dim is always fp32")
