@@ -198,8 +198,9 @@ for w, h in ((4000, 3000), (8000, 6000)):
 # ---------------------------------------------------------------- pictures for docs/faces.md
 out_dir = Path(args.figures)
 out_dir.mkdir(parents=True, exist_ok=True)
-show = [i for i, r in enumerate(rows) if r["set"] in ("lfw", "astronaut", "reframed") and r["aligned"] is not None]
-show = show[:3] + [i for i in show if rows[i]["set"] == "astronaut"] + [i for i in show if rows[i]["set"] == "reframed"][:4]
+# LFW faces and the astronaut only: no CelebA pixels go into the docs
+show = [i for i, r in enumerate(rows) if r["set"] in ("lfw", "astronaut") and r["aligned"] is not None]
+show = [i for i in show if rows[i]["set"] == "lfw"][:7] + [i for i in show if rows[i]["set"] == "astronaut"]
 gap = np.full((32 * 4, 4, 3), 255, np.uint8)
 
 

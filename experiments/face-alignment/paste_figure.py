@@ -1,8 +1,10 @@
 """docs/faces-paste.png: faces only a few pixels wide in a small group photo, each found,
 aligned, upscaled and pasted back into the photo enlarged 4x (top: bicubic 4x; bottom: pasted).
 
-The group photo: four held-out CelebA test photos (id % 16 == 0), each framed on a 96x96 canvas
-of its own mirrored surroundings at a random scale and angle, then reduced 4x (faces 10-20 px).
+The group photo: scikit-image's astronaut four times, two of them mirrored (no CelebA pixels
+go into the docs; the cameraman's face, turned down, is not found at that size), each framed on
+a 96x96 canvas of her photo at a random scale and angle (the training framing at 0.55-0.75 of
+the canvas; mirrored where the photo ends), then reduced 4x (faces 10-20 px).
 
     PYTHONPATH=. python experiments/face-alignment/paste_figure.py
 """
@@ -10,24 +12,23 @@ import math
 import sys
 
 import numpy as np
+import skimage.data
 from PIL import Image
 
 from sr_blockwise import faces as F
 from sr_blockwise.api import Upscaler
-from sr_blockwise.data import DEFAULT_DATA, match_input, open_rgb
+from sr_blockwise.data import match_input
 
 rng = np.random.default_rng(1)
-folder = DEFAULT_DATA / "celeba" / "img_align_celeba"
-held = sorted(f for f in folder.glob("*.jpg") if int(f.stem) > 182637 and int(f.stem) % 16 == 0)
+astronaut = Image.fromarray(skimage.data.astronaut())
+people = [astronaut, astronaut.transpose(Image.Transpose.FLIP_LEFT_RIGHT)] * 2
 tiles = []
-for f in held[40:44]:
-    a = np.pad(np.asarray(open_rgb(f)), ((218, 218), (178, 178), (0, 0)), mode="symmetric")
-    s, th = rng.uniform(0.9, 1.3) * 96 / 218, math.radians(rng.uniform(-15, 15))
-    c, si = math.cos(th) / s, math.sin(th) / s
-    cx, cy, o = 178 + 89, 218 + 109, 48
-    tiles.append(Image.fromarray(a).transform((96, 96), Image.Transform.AFFINE,
-                                              (c, -si, cx - c * o + si * o, si, c, cy - si * o - c * o),
-                                              Image.Resampling.BICUBIC))
+for img in people:
+    face = F.find_faces(img, largest_only=True)[0]
+    s, th = rng.uniform(0.55, 0.75) * 96 / 32, math.radians(rng.uniform(-15, 15))
+    c, si = math.cos(th) * s, math.sin(th) * s  # crop point -> tile point: about the centres
+    tile = np.array([[c, -si, 48 - 16 * (c - si)], [si, c, 48 - 16 * (si + c)], [0, 0, 1]])
+    tiles.append(Image.fromarray(F.warp_crop(img, tile @ face.matrix, 96)))
 group = Image.fromarray(np.concatenate([np.asarray(t) for t in tiles], 1))
 group = group.resize((group.width // 4, group.height // 4), Image.Resampling.BOX)  # 96x24: tiny faces
 found, note = F.faces_of(group, "all")
