@@ -35,6 +35,8 @@ SHORT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # eva
 def dtype_name(name: str) -> str:
     """A dtype's name in either spelling (bf16 or bfloat16, ...) -> the full one, as every command takes it."""
     return SHORT_DTYPES.get(name, name)
+
+
 # decode's per-image seed for a sampling seed s: s * SEED_STRIDE is what decode gives an image
 # decoded alone with DecodeOptions(seed=s) (see decoding._sampling_noise), as the demo decodes
 SEED_STRIDE = 1_000_003

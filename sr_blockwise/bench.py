@@ -308,14 +308,15 @@ def _average(tables: list[list[dict]]) -> list[dict]:
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 0.5) -> float:
     """Measured FLOP/s of a large square matmul (n x n, or smaller where one product of the next
-    size up would take over 0.05 s: a processor without bf16 instructions multiplied bf16 at
-    0.3 GFLOP/s, a 2048 product in a minute), products repeated for `seconds`: the ceiling
-    training and decoding are compared against."""
+    size up would take over 0.5 s: a processor without bf16 instructions multiplies bf16 far
+    slower than float32), products repeated for `seconds`: the ceiling training and decoding
+    are compared against."""
     size = 256
     while True:
         a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+        a @ b  # warm-up
         t0 = time.perf_counter()
-        a @ b  # and a warm-up
+        a @ b
         once = time.perf_counter() - t0
         if size >= n or once * 8 > 0.5:
             break
@@ -367,8 +368,8 @@ def train_throughput(preset_name: str = "cpu", batch: int = 8, steps: int = 5, s
         sec = (time.perf_counter() - t0) / steps
     finally:
         restore_determinism()
-    # the faster dtype's rate: a processor without bf16 instructions multiplies bf16 several
-    # times slower than float32 (an AMD Zen 3: training reached 4.5x its bf16 rate)
+    # the faster dtype's rate: a processor without bf16 instructions multiplies bf16 far slower
+    # than float32, and training (float32 where autocast leaves it) passed its bf16 rate
     rates = {"bfloat16": matmul_rate(torch.bfloat16), "float32": matmul_rate(torch.float32)}
     fastest = max(rates, key=rates.get)
     peak = rates[fastest]

@@ -32,11 +32,16 @@
 #define ENGINE_AMX 0
 #endif
 
-// 16 floats: one AVX-512 register. Without AVX-512 (an AVX2 processor) a v16 is two 8-float
-// vectors in two registers: GCC keeps a 64-byte vector type it has no register for in memory,
-// 16 bytes a move (calls several times slower). The few AVX-512 instructions used have portable
-// equivalents there (the #else branches): the same operations in the same order.
-#ifdef __AVX512F__
+// 16 floats: one AVX-512 register. Without AVX-512 (F, BW and VL: an AVX2 processor) a v16 is
+// two 8-float vectors in two registers: GCC keeps a 64-byte vector type it has no register for in
+// memory, 16 bytes a move (calls several times slower). The few AVX-512 instructions used have
+// portable equivalents there (the #else branches) doing the same operations in the same order.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define ENGINE_AVX512 1
+#else
+#define ENGINE_AVX512 0
+#endif
+#if ENGINE_AVX512
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 static inline v16 splat(float x) { return (v16)_mm512_set1_ps(x); }
@@ -52,20 +57,23 @@ struct v16 {
     float operator[](int i) const { return i < 8 ? lo[i] : hi[i - 8]; }
 };
 struct v16i { v8i lo, hi; };
+// always inlined: a multiply and an add are fused into one multiply-add only where both are in
+// one function, and a row's arithmetic must be the same in every kernel it passes through
+#define V16_INLINE static inline __attribute__((always_inline))
 #define V16_ARITHMETIC(op)                                                                                   \
-    static inline v16 operator op(v16 a, v16 b) { return {a.lo op b.lo, a.hi op b.hi}; }                   \
-    static inline v16 operator op(v16 a, float b) { return {a.lo op b, a.hi op b}; }                       \
-    static inline v16 operator op(float a, v16 b) { return {a op b.lo, a op b.hi}; }                       \
-    static inline void operator op##=(v16& a, v16 b) { a.lo op##= b.lo; a.hi op##= b.hi; }                 \
-    static inline void operator op##=(v16& a, float b) { a.lo op##= b; a.hi op##= b; }
+    V16_INLINE v16 operator op(v16 a, v16 b) { return {a.lo op b.lo, a.hi op b.hi}; }                      \
+    V16_INLINE v16 operator op(v16 a, float b) { return {a.lo op b, a.hi op b}; }                          \
+    V16_INLINE v16 operator op(float a, v16 b) { return {a op b.lo, a op b.hi}; }                          \
+    V16_INLINE void operator op##=(v16& a, v16 b) { a.lo op##= b.lo; a.hi op##= b.hi; }                    \
+    V16_INLINE void operator op##=(v16& a, float b) { a.lo op##= b; a.hi op##= b; }
 V16_ARITHMETIC(+) V16_ARITHMETIC(-) V16_ARITHMETIC(*) V16_ARITHMETIC(/)
 #define V16_COMPARE(op)                                                                                      \
-    static inline v16i operator op(v16 a, v16 b) { return {a.lo op b.lo, a.hi op b.hi}; }                  \
-    static inline v16i operator op(v16 a, float b) { return {a.lo op b, a.hi op b}; }
+    V16_INLINE v16i operator op(v16 a, v16 b) { return {a.lo op b.lo, a.hi op b.hi}; }                     \
+    V16_INLINE v16i operator op(v16 a, float b) { return {a.lo op b, a.hi op b}; }
 V16_COMPARE(<) V16_COMPARE(>)
-static inline v16 operator-(v16 a) { return {-a.lo, -a.hi}; }
-static inline v16 splat(float x) { const v8 v = {x, x, x, x, x, x, x, x}; return {v, v}; }
-static inline v16 select(v16i m, v16 a, v16 b) { return {m.lo ? a.lo : b.lo, m.hi ? a.hi : b.hi}; }
+V16_INLINE v16 operator-(v16 a) { return {-a.lo, -a.hi}; }
+V16_INLINE v16 splat(float x) { const v8 v = {x, x, x, x, x, x, x, x}; return {v, v}; }
+V16_INLINE v16 select(v16i m, v16 a, v16 b) { return {m.lo ? a.lo : b.lo, m.hi ? a.hi : b.hi}; }
 // _mm512_reduce_add_ps's tree: halves added, then quarters, eighths, the last pair
 static inline float sum_of(v16 x) {
     const v8 a = x.hi + x.lo;
@@ -91,18 +99,22 @@ static inline void st(float* p, v16 v) { std::memcpy(p, &v, 64); }
 static inline v16 vexp(v16 x) {
     x = select(x < -87.f, splat(-87.f), x);
     v16 t = x * 1.44269504088896341f;
-#ifdef __AVX512F__
+#if ENGINE_AVX512
     v16 n = (v16)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
-    v16 n = (t + 12582912.f) - 12582912.f;  // nearest, ties to even, as roundscale (|t| < 2^22)
+#elif defined(__AVX__)
+    const int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    v16 n = {(v8)_mm256_round_ps((__m256)t.lo, nearest), (v8)_mm256_round_ps((__m256)t.hi, nearest)};
+#else  // no AVX, no fused multiply-add to fold t's product into: nearest, ties to even, |t| < 2^22
+    v16 n = (t + 12582912.f) - 12582912.f;
 #endif
     v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
     v16 p = splat(1.f / 720);
     p = p * r + 1.f / 120; p = p * r + 1.f / 24; p = p * r + 1.f / 6; p = p * r + 0.5f; p = p * r + 1.f; p = p * r + 1.f;
-#ifdef __AVX512F__
+#if ENGINE_AVX512
     return (v16)_mm512_scalef_ps((__m512)p, (__m512)n);  // p 2^n, exact
 #else
-    // p 2^n, 2^n made from its bits (-126 <= n <= 0 here): exact
+    // p 2^n, 2^n made from its bits: exact for -126 <= n <= 0, every lane whose e^x is used
+    // (a softmax's lanes past its window, discarded, may hold anything)
     return p * v16{(v8)((__builtin_convertvector(n.lo, v8i) + 127) << 23),
                    (v8)((__builtin_convertvector(n.hi, v8i) + 127) << 23)};
 #endif
@@ -190,7 +202,7 @@ static inline void mark(const Engine* E, int stage) {  // stage -1: a call's sta
 // second: exact, a bfloat16 being a float32's high half (`<< 16` for the low halves, masking for
 // the high ones: one instruction each)
 static inline void ld_pairs(const uint16_t* p, v16& first, v16& second) {
-#ifdef __AVX512F__
+#if ENGINE_AVX512
     const __m512i u = _mm512_loadu_si512(p);
     first = (v16)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
     second = (v16)_mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
@@ -203,7 +215,7 @@ static inline void ld_pairs(const uint16_t* p, v16& first, v16& second) {
 }
 // 16 floats (as bits) rounded to bfloat16, nearest, ties to even, as torch's .to(torch.bfloat16)
 // rounds (the encoder's keys and values, which the decoder's must match)
-#ifdef __AVX512F__
+#if ENGINE_AVX512
 static inline __m256i round_bf16(__m512i u) {
     const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
     return _mm512_cvtepi32_epi16(
@@ -228,7 +240,7 @@ static inline void round_bf16(v16 x, uint16_t out[16]) {
 // low half and of the second in its high half, so `<< 16` gives the first panel's floats and
 // masking the low half off the second's (one instruction each, where widening 16 values by
 // zero-extension and a shift took two).
-#ifndef __AVX512F__
+#if !ENGINE_AVX512
 // the same sums in 8-float registers: GCC keeps an array of v8 in registers, not one of v16 structs
 // (nor one whose elements' addresses are taken)
 static inline v8 ld8(const float* p) { v8 v; std::memcpy(&v, p, 32); return v; }
@@ -632,7 +644,7 @@ static void weighted_sum(int n, const float* scores, int span, const KV* V, int 
 // sum, lane l taking key j = l mod 16, then the lanes in a fixed tree: the same operations for a
 // query whatever span its group has (zeros add nothing)
 static float softmax_row(float* sc, int cnt, int span, float scale) {
-#ifdef __AVX512F__
+#if ENGINE_AVX512
     auto window = [cnt](int j) -> __mmask16 { return j + 16 <= cnt ? 0xffff : j < cnt ? (1u << (cnt - j)) - 1 : 0; };
     __m512 vm = _mm512_set1_ps(-INFINITY);
     for (int j = 0; j < span; j += 16) {
@@ -889,14 +901,14 @@ static void write_kv(const Engine* E, int li, int b, int h, int n, int pos0, con
     const int d = E->d, CL = E->cache_len, H = E->H, hd = d / H;
     const size_t head = ((size_t)b * H + h) * CL * hd;
     KV *Kh = (KV*)E->k_cache[li] + head, *Vh = (KV*)E->v_cache[li] + head;
-#ifdef __AVX512F__
+#if ENGINE_AVX512
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 #endif
     for (int j = 0; j < n; j++) {
         const int slot = (pos0 + j) % (3 * E->L);
         const float *k = qkv + (size_t)j * 3 * d + d + h * hd, *v = k + d;
         for (int e = 0; e < hd; e += 16) {
-#ifndef __AVX512F__
+#if !ENGINE_AVX512
             uint16_t kb[16], vb[16];
             round_bf16(ld(k + e), kb);
             round_bf16(ld(v + e), vb);
@@ -1103,7 +1115,7 @@ static inline int argmax(const float* z) {
 
 static inline float max_of(const float* z) {  // z[argmax(z)], 16 values a step
     v16 m = ld(z);
-#ifdef __AVX512F__
+#if ENGINE_AVX512
     for (int v = 16; v < V; v += 16) m = (v16)_mm512_max_ps((__m512)m, (__m512)ld(z + v));
 #else
     for (int v = 16; v < V; v += 16) { const v16 x = ld(z + v); m = select(m > x, m, x); }
@@ -1157,7 +1169,7 @@ static int window_centre(const float* lg, int window) {
         const float top = max_lane(mass);
         if (top > best) {
             best = top;
-#ifdef __AVX512F__
+#if ENGINE_AVX512
             bv = v + __builtin_ctz(_mm512_cmp_ps_mask((__m512)mass, _mm512_set1_ps(top), _CMP_EQ_OQ));
 #else
             int l = 0;

@@ -7,8 +7,9 @@ rule, the commit, and the next block's proposals (engine.cpp says why it is exac
 
 Built with the system's C++ compiler on first use into ~/.cache/sr-blockwise/engine/ (a few
 seconds; `SR_BLOCKWISE_CACHE` moves it), for the processor it runs on: AVX-512 where it has it
-(and AMX's tiles), else AVX2's 8-float vectors. Where it cannot be built (no compiler),
-`available()` is False and decoding falls back to the PyTorch path.
+(and AMX's tiles), else AVX2's 8-float vectors. Where it cannot be built (no compiler, or one
+that refuses the source), `available()` is False, `build_problem()` says why, and decoding falls
+back to the PyTorch path.
 """
 from __future__ import annotations
 
@@ -147,12 +148,15 @@ def available() -> bool:
 
 
 def build_problem() -> str | None:
-    """Why the engine cannot be built here, in a line (None where it can)."""
+    """Why the engine cannot be built here, in a line: the compiler's first error where it
+    refused the source (None where it builds)."""
     try:
         library()
         return None
     except RuntimeError as e:
-        return str(e).splitlines()[0].rstrip(":")
+        lines = str(e).splitlines()
+        error = next((ln.strip() for ln in lines[1:] if "error:" in ln), None)
+        return f"{lines[0].rstrip(':')}: {error}" if error else lines[0].rstrip(":")
 
 
 def supports(model: ImageTransformerSR) -> str | None:

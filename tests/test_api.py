@@ -255,14 +255,28 @@ def test_api_errors_name_the_arguments_not_the_command_line_flags():
         torch_dtype("int8")
 
 
+def test_the_readmes_api_example_runs(rng):
+    """The README's Python API lines, run as written on one 8x8 image."""
+    import re
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Python API", 1)[1]
+    block = re.search(r"\n((?:    .*\n|\n)+)", section).group(1)
+    names = {"image": Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))}
+    exec("\n".join(line[4:] for line in block.splitlines()), names)
+    assert names["face"].size == names["approx"].size == (32, 32)
+
+
 def test_every_command_takes_both_dtype_spellings():
     """bf16 / bfloat16, fp32 / float32: each command with --dtype takes either spelling."""
     parsers = {p.prog: p for p in cli._every_parser(cli.build_parser())}
-    for prog, args in [("upscale", ["in", "-o", "out"]), ("bench-decode", []), ("demo", []), ("evaluate", [])]:
+    for prog, args, bf16, fp32 in [("upscale", ["in", "-o", "out"], "bfloat16", "float32"),
+                                   ("bench-decode", [], "bfloat16", "float32"), ("demo", [], "bfloat16", "float32"),
+                                   ("evaluate", [], "bf16", "fp32")]:  # evaluate's records keep the short names
         parser = parsers[f"sr-blockwise {prog}"]
-        short = parser.parse_args(args + ["--dtype", "fp32"]).dtype
-        assert short == parser.parse_args(args + ["--dtype", "float32"]).dtype, prog
-        assert parser.parse_args(args + ["--dtype", "bf16"]).dtype in ("bf16", "bfloat16"), prog
+        for spelling in ("bf16", "bfloat16"):
+            assert parser.parse_args(args + ["--dtype", spelling]).dtype == bf16, (prog, spelling)
+        for spelling in ("fp32", "float32"):
+            assert parser.parse_args(args + ["--dtype", spelling]).dtype == fp32, (prog, spelling)
 
 
 def test_every_commands_help_gives_its_defaults():

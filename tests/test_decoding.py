@@ -198,6 +198,25 @@ def test_bf16_exact_equals_bf16_greedy():
 NATIVE = pytest.param("native", marks=pytest.mark.skipif(not native.available(), reason=str(native.build_problem())))
 
 
+def test_a_failed_engine_build_says_why_and_decoding_falls_back(monkeypatch):
+    """Where the compiler refuses engine.cpp, build_problem gives its first error, and decode
+    says so where the native engine is asked for and otherwise runs on the PyTorch engine."""
+    from sr_blockwise.decoding import engine_for, not_native
+
+    def refused():
+        raise RuntimeError("building the native engine failed:\nengine.cpp: In function 'f':\n"
+                           "engine.cpp:38:43: error: target specific option mismatch\n  38 | ...")
+    m = make_tiny(3)
+    lr = np.random.default_rng(3).integers(0, 256, (1, 8, 8, 3), dtype=np.uint8)
+    monkeypatch.setattr(native, "library", refused)
+    why = "building the native engine failed: engine.cpp:38:43: error: target specific option mismatch"
+    assert native.build_problem() == not_native(m) == why
+    assert engine_for(m, DecodeOptions()) == "torch"
+    with pytest.raises(ValueError, match="error: target specific option mismatch"):
+        engine_for(m, DecodeOptions(), "native")
+    assert decode(m, lr, DecodeOptions(k=4)).images.shape == (1, 32, 32, 3)  # on the PyTorch engine
+
+
 def test_the_native_engine_builds_here():
     """engine.cpp builds on any x86-64 processor GCC targets (AVX-512 and AMX where there are, AVX2
     vectors else), so decoding does not fall back to the PyTorch engine, many times slower. On CI

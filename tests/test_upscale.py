@@ -235,6 +235,18 @@ def test_a_photo_whose_batch_fails_is_not_decoded_further(tmp_path, fast, capsys
     assert sorted(p.name for p in out.iterdir()) == ["b_face0.png"]
 
 
+def test_decoding_on_the_pytorch_engine_is_said_with_the_reason(tmp_path, fast, capsys, monkeypatch, rng):
+    from sr_blockwise import engine
+
+    def refused():
+        raise RuntimeError("building the native engine failed:\nengine.cpp:38:43: error: no AVX-512 here")
+    monkeypatch.setattr(engine, "library", refused)
+    save(tmp_path / "in" / "a.png", tiny8(rng))
+    assert main([str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--quiet"] + fast) == 0
+    assert ("warning: decoding on the PyTorch engine, many times slower than the native one: building the "
+            "native engine failed: engine.cpp:38:43: error: no AVX-512 here") in capsys.readouterr().err
+
+
 def test_taking_back_a_failed_photo_never_removes_an_input(tmp_path, fast, capsys, monkeypatch, rng):
     """The last check before a write finds an input where an output would go (an input the
     planning did not see as such, injected here): the photo fails, and the file stays."""
