@@ -4,7 +4,7 @@ aligned, upscaled and pasted back into the photo enlarged 4x (top: bicubic 4x; b
 The group photo: scikit-image's astronaut four times, two of them mirrored (no CelebA pixels
 go into the docs; the cameraman's face, turned down, is not found at that size), each framed on
 a 96x96 canvas of her photo at a random scale and angle (the training framing at 0.55-0.75 of
-the canvas; mirrored where the photo ends), then reduced 4x (faces 10-20 px).
+the canvas; mirrored where the photo ends), then reduced 4x (faces 13-18 px).
 
     PYTHONPATH=. python experiments/face-alignment/paste_figure.py
 """
@@ -22,17 +22,20 @@ from sr_blockwise.data import match_input
 rng = np.random.default_rng(1)
 astronaut = Image.fromarray(skimage.data.astronaut())
 people = [astronaut, astronaut.transpose(Image.Transpose.FLIP_LEFT_RIGHT)] * 2
-tiles = []
+tiles, sides = [], []
 for img in people:
     face = F.find_faces(img, largest_only=True)[0]
     s, th = rng.uniform(0.55, 0.75) * 96 / 32, math.radians(rng.uniform(-15, 15))
     c, si = math.cos(th) * s, math.sin(th) * s  # crop point -> tile point: about the centres
     tile = np.array([[c, -si, 48 - 16 * (c - si)], [si, c, 48 - 16 * (si + c)], [0, 0, 1]])
     tiles.append(Image.fromarray(F.warp_crop(img, tile @ face.matrix, 96)))
+    sides.append(32 * s / 4)  # the face's crop side in the group photo, reduced 4x
 group = Image.fromarray(np.concatenate([np.asarray(t) for t in tiles], 1))
 group = group.resize((group.width // 4, group.height // 4), Image.Resampling.BOX)  # 96x24: tiny faces
 found, note = F.faces_of(group, "all")
-print(f"{group.width}x{group.height} photo: {note}; crop sides {[round(f.size, 1) for f in found]} px")
+print(f"{group.width}x{group.height} photo, faces of {[round(v, 1) for v in sides]} px (left to right): {note}; "
+      f"found in tiles {sorted(int((f.box[0] + f.box[2]) / 2 // 24) + 1 for f in found)}, "
+      f"crop sides {[round(f.size, 1) for f in found]} px")
 if not found:
     sys.exit("no face found")
 up = Upscaler("cpu-finetuned", device="cpu", dtype="float32")
