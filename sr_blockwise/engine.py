@@ -140,11 +140,7 @@ def uses_amx() -> bool:
 
 
 def available() -> bool:
-    try:
-        library()
-        return True
-    except RuntimeError:
-        return False
+    return build_problem() is None
 
 
 def build_problem() -> str | None:

@@ -14,6 +14,9 @@ from sr_blockwise.data import to_tokens
 from sr_blockwise.model import SEQ_LEN
 
 
+needs_engine = pytest.mark.skipif(not native.available(), reason=str(native.build_problem()))
+
+
 def oracle_proposer(target_tokens: np.ndarray, wrong_rate: float, seed: int = 0):
     """Proposes the given sequence's next tokens, corrupting some, so blocks of every length get
     accepted and rejected (random heads of an untrained model almost never agree)."""
@@ -57,7 +60,7 @@ def test_exact_blockwise_equals_greedy(setup64, k):
             assert s.mean_block > 1.5 and s.block_hist[k - 1] > 0  # long blocks were exercised
 
 
-@pytest.mark.skipif(not native.available(), reason=str(native.build_problem()))
+@needs_engine
 @pytest.mark.parametrize("opts", [DecodeOptions(k=1), DecodeOptions(k=4), DecodeOptions(k=4, rule="eps", eps=2)])
 def test_several_engine_calls_a_crossing_decode_what_one_a_crossing_does(opts):
     """The native loop runs calls in the engine until an image finishes (engine_iterate's
@@ -195,7 +198,7 @@ def test_bf16_exact_equals_bf16_greedy():
     np.testing.assert_array_equal(r.images, g.images)
 
 
-NATIVE = pytest.param("native", marks=pytest.mark.skipif(not native.available(), reason=str(native.build_problem())))
+NATIVE = pytest.param("native", marks=needs_engine)
 
 
 def test_a_failed_engine_build_says_why_and_decoding_falls_back(monkeypatch):
@@ -246,7 +249,7 @@ def test_sampling_is_seeded_and_batch_invariant(engine, k):
     assert second.stats[0].block_hist == both.stats[1].block_hist
 
 
-@pytest.mark.skipif(not native.available(), reason=str(native.build_problem()))
+@needs_engine
 @pytest.mark.parametrize("T", [1.0, 0.5])
 def test_native_plain_sampling_is_the_gumbel_max_of_its_own_logits(T):
     """k=1 on the native engine: every token is argmax(z / T + g) for p1's logits z at its prefix
@@ -290,7 +293,7 @@ def test_speculative_rule_gives_tokens_distributed_as_p(temperature):
     assert 0.1 < (n == 2).double().mean() < 0.9  # both branches were exercised
 
 
-@pytest.mark.skipif(not native.available(), reason=str(native.build_problem()))
+@needs_engine
 @pytest.mark.parametrize("overrides", [{}, {"nbr_draft": False}])
 def test_recycled_exact_mode_is_greedy_with_longer_blocks_on_both_engines(overrides):
     """Exact mode recycles a verification's logits past its rejected proposal: the output stays
@@ -312,7 +315,7 @@ def test_recycled_exact_mode_is_greedy_with_longer_blocks_on_both_engines(overri
         assert mean(blocks["recycle", "native"]) > 1.1 * mean(blocks["argmax", "native"])
 
 
-@pytest.mark.skipif(not native.available(), reason=str(native.build_problem()))
+@needs_engine
 def test_an_outside_proposer_overrides_recycling():
     """A proposer given to decode proposes every block whole, recycling or not: on both engines the
     same blocks as with the heads' proposals switched off, and greedy's output."""
@@ -329,7 +332,7 @@ def test_an_outside_proposer_overrides_recycling():
         assert all(s.mean_block > 1.5 for s in runs[0].stats)  # the proposer's blocks, not p1's
 
 
-@pytest.mark.skipif(not native.available(), reason=str(native.build_problem()))
+@needs_engine
 @pytest.mark.parametrize("eps", [2, 20])
 def test_window_proposals_agree_between_engines(eps):
     """The engine's window centres (float32, 16 values at a time, zeros past both ends) are the
@@ -343,7 +346,7 @@ def test_window_proposals_agree_between_engines(eps):
     assert all(s.mean_block > 1.05 for s in a.stats)
 
 
-@pytest.mark.skipif(not native.available(), reason=str(native.build_problem()))
+@needs_engine
 def test_recycled_proposals_are_p1s_argmax_past_the_rejection():
     """Call by call on the native engine: after a call keeps a < k tokens, the next block is p1's
     argmax at the last kept position (the sure token) and then p1's argmax at the positions after
@@ -370,7 +373,7 @@ def test_recycled_proposals_are_p1s_argmax_past_the_rejection():
     assert rejections >= 10
 
 
-@pytest.mark.skipif(not native.available(), reason=str(native.build_problem()))
+@needs_engine
 @pytest.mark.parametrize("k, T", [(4, 1.0), (4, 0.8), (6, 0.5)])
 def test_native_sampling_draws_what_the_torch_engine_draws(k, T):
     """The engines share the noise tables and the rule (speculative acceptance, the residual after a
