@@ -303,16 +303,18 @@ def test_every_commands_help_gives_its_defaults():
 
 def test_a_ctrl_c_while_a_command_starts_ends_it_in_one_line(tmp_path):
     """Ctrl-C while the commands' modules and torch still load (before a command handles Ctrl-C
-    itself) stops it with exit code 130 and one line, not an import traceback."""
-    import signal
-    import time
+    itself) stops it with exit code 130 and one line, not an import traceback. The process sends
+    itself SIGINT at the first import inside main, so the test does not race the imports."""
     env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from sr_blockwise.cli import main; "
-                          "print('ready', flush=True); sys.exit(main(sys.argv[1:]))",
-                          "upscale", str(tmp_path / "none.png"), "-o", str(tmp_path / "out")],
+    child = ("import os, signal, sys\n"
+             "from sr_blockwise.cli import main\n"
+             "class CtrlC:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        sys.meta_path.remove(self)\n"
+             "        os.kill(os.getpid(), signal.SIGINT)\n"
+             "sys.meta_path.insert(0, CtrlC())\n"
+             "sys.exit(main(sys.argv[1:]))\n")
+    p = subprocess.Popen([sys.executable, "-c", child, "upscale", str(tmp_path / "none.png"), "-o", str(tmp_path / "out")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert p.stdout.readline().strip() == "ready"
-    time.sleep(0.2)  # inside main: the upscale command imports torch first
-    p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130 and "stopped (Ctrl-C)" in err and "Traceback" not in err, err
