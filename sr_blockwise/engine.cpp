@@ -57,6 +57,12 @@ struct v16 {
     float operator[](int i) const { return i < 8 ? lo[i] : hi[i - 8]; }
 };
 struct v16i { v8i lo, hi; };
+// loads and stores as one instruction each: GCC copied a memcpy into a v16, or into an array of
+// v8i, through the stack 16 bytes at a time, and each wide read of those stalled on the narrow
+// stores before it (every kernel ran several times slower: experiments/engine-without-avx512/)
+static inline v8 ld8(const float* p) { return (v8)_mm256_loadu_ps(p); }
+static inline void st8(float* p, v8 v) { _mm256_storeu_ps(p, (__m256)v); }
+static inline v8i ld8i(const void* p) { return (v8i)_mm256_loadu_si256((const __m256i*)p); }
 // always inlined: a multiply and an add are fused into one multiply-add only where both are in
 // one function, and a row's arithmetic must be the same in every kernel it passes through
 #define V16_INLINE static inline __attribute__((always_inline))
@@ -92,8 +98,13 @@ static inline v16i lanes_below(int j, int cnt) {
     return {lane + j < cnt, lane + (j + 8) < cnt};
 }
 #endif
+#if ENGINE_AVX512
 static inline v16 ld(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
 static inline void st(float* p, v16 v) { std::memcpy(p, &v, 64); }
+#else
+V16_INLINE v16 ld(const float* p) { return {ld8(p), ld8(p + 8)}; }
+V16_INLINE void st(float* p, v16 v) { st8(p, v.lo); st8(p + 8, v.hi); }
+#endif
 
 // e^x for x <= 88, ~1 ulp: 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial
 static inline v16 vexp(v16 x) {
@@ -207,8 +218,7 @@ static inline void ld_pairs(const uint16_t* p, v16& first, v16& second) {
     first = (v16)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
     second = (v16)_mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
 #else
-    v8i u[2];
-    std::memcpy(u, p, 64);
+    const v8i u[2] = {ld8i(p), ld8i(p + 16)};
     first = {(v8)(u[0] << 16), (v8)(u[1] << 16)};
     second = {(v8)(u[0] & (int)0xffff0000u), (v8)(u[1] & (int)0xffff0000u)};
 #endif
@@ -243,8 +253,6 @@ static inline void round_bf16(v16 x, uint16_t out[16]) {
 #if !ENGINE_AVX512
 // the same sums in 8-float registers: GCC keeps an array of v8 in registers, not one of v16 structs
 // (nor one whose elements' addresses are taken)
-static inline v8 ld8(const float* p) { v8 v; std::memcpy(&v, p, 32); return v; }
-static inline void st8(float* p, v8 v) { std::memcpy(p, &v, 32); }
 template <int NR, int NC, typename WT>
 static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const float* b, float* y, int ldy, int K,
                      int odd) {
@@ -255,8 +263,8 @@ static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const f
         v8 w[2 * NC];
         if constexpr (sizeof(WT) == 2) {
             for (int c = 0; c < NC; c += 2) {
-                v8i u[2];
-                std::memcpy(u, W + c * panel + (size_t)k * 32, 64);
+                const WT* p = W + c * panel + (size_t)k * 32;
+                const v8i u[2] = {ld8i(p), ld8i(p + 16)};
                 for (int h = 0; h < 2; h++) {
                     const v8 first = (v8)(u[h] << 16), second = (v8)(u[h] & (int)0xffff0000u);
                     w[2 * c + h] = NC == 1 && odd ? second : first;
@@ -324,26 +332,33 @@ static void lin_block(const float* x, int ldx, int n, const WT* W, size_t panel,
 }
 
 // columns [c0, c0 + nc) of y = b + x W for n rows, on the calling thread alone (c0 and nc
-// multiples of 16), in tiles as wide as fit: up to 4 rows, 4 panels (4 independent sums a row);
-// more rows, 2 panels and 8 rows a tile, so a 7-token call reads each weight once; a lone panel
-// last
+// multiples of 16), in tiles whose sums fit the registers. AVX-512 (32 registers): up to 4 rows,
+// 4 panels (4 independent sums a row); more rows, 2 panels and 8 rows a tile, so a 7-token call
+// reads each weight once; a lone panel last. AVX2 (16 registers of 8 floats): one row, 4 panels
+// (8 sums); more rows, 2 panels and 2 rows a tile (8 sums and 4 widened weights: 3 rows spilled
+// and took twice as long); a lone panel 6 rows a tile.
 template <typename WT>
 static void lin_range(const float* x, int ldx, int n, const WT* W, size_t panel, int c0, int nc, const float* b,
                       float* y, int ldy, int K) {
+#if ENGINE_AVX512
+    constexpr int one_row = 4, two_panel_rows = 8, one_panel_rows = 8;
+#else
+    constexpr int one_row = 1, two_panel_rows = 2, one_panel_rows = 6;
+#endif
     for (int j0 = c0; j0 < c0 + nc;) {
         const int odd = sizeof(WT) == 2 && (j0 / 16) % 2;  // the second panel of a bf16 pair
         const WT* Wj = W + (j0 / 16 - odd) * panel;
         const float* bj = b ? b + j0 : nullptr;
         const int left = c0 + nc - j0;
-        if (!odd && n <= 4 && left >= 64) {
-            lin_block<4, 4>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
+        if (!odd && n <= one_row && left >= 64) {
+            lin_block<one_row, 4>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
             j0 += 64;
         } else if (!odd && left >= 32) {
-            if (n <= 4) lin_block<4, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
-            else lin_block<8, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
+            if (ENGINE_AVX512 && n <= 4) lin_block<4, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
+            else lin_block<two_panel_rows, 2>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K);
             j0 += 32;
         } else {
-            lin_block<8, 1>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K, odd);
+            lin_block<one_panel_rows, 1>(x, ldx, n, Wj, panel, bj, y + j0, ldy, K, odd);
             j0 += 16;
         }
     }
@@ -678,13 +693,84 @@ static float softmax_row(float* sc, int cnt, int span, float scale) {
 #endif
 }
 
+#if !ENGINE_AVX512
+// AVX2 (16 registers): attend_group's sums for three or more queries, in passes that keep them in
+// registers. scores16: n <= NQ queries' scores against 16 keys, two 8-float sums a query (float32:
+// `keys` is the 16 keys' columns in a tile of 32; bf16: their group), each sum in attend_group's
+// order.
+template <int NQ, typename KV>
+static void scores16(int n, const float* q, int ldq, const KV* keys, int hd, float* sc, int span) {
+    if (n < NQ) {
+        if constexpr (NQ > 1) scores16<NQ - 1, KV>(n, q, ldq, keys, hd, sc, span);
+        return;
+    }
+    v8 a[NQ][2];
+    for (int i = 0; i < NQ; i++) a[i][0] = a[i][1] = v8{};
+    if constexpr (sizeof(KV) == 2) {
+        for (int e = 0; e < hd; e += 2) {
+            const v8i u[2] = {ld8i(keys + e * 16), ld8i(keys + e * 16 + 16)};
+            const v8 k0 = (v8)(u[0] << 16), k1 = (v8)(u[1] << 16);  // dimension e
+            const v8 n0 = (v8)(u[0] & (int)0xffff0000u), n1 = (v8)(u[1] & (int)0xffff0000u);  // e + 1
+            for (int i = 0; i < NQ; i++) {
+                const float qe = q[(size_t)i * ldq + e], qn = q[(size_t)i * ldq + e + 1];
+                const v8 qs = {qe, qe, qe, qe, qe, qe, qe, qe}, qns = {qn, qn, qn, qn, qn, qn, qn, qn};
+                a[i][0] += qs * k0; a[i][1] += qs * k1;
+                a[i][0] += qns * n0; a[i][1] += qns * n1;
+            }
+        }
+    } else {
+        for (int e = 0; e < hd; e++) {
+            const v8 k0 = ld8(keys + e * 32), k1 = ld8(keys + e * 32 + 8);
+            for (int i = 0; i < NQ; i++) {
+                const float qe = q[(size_t)i * ldq + e];
+                const v8 qs = {qe, qe, qe, qe, qe, qe, qe, qe};
+                a[i][0] += qs * k0; a[i][1] += qs * k1;
+            }
+        }
+    }
+    for (int i = 0; i < NQ; i++) { st8(sc + i * span, a[i][0]); st8(sc + i * span + 8, a[i][1]); }
+}
+// (AVX2) weighted_sum's sums for n <= NQ queries, 8 dimensions from e
+template <int NQ, typename KV>
+static void weighted_sum8(int n, const float* scores, int span, const KV* V, int hd, int e, int jend,
+                          const float* inv, float* out, int ldo) {
+    if (n < NQ) {
+        if constexpr (NQ > 1) weighted_sum8<NQ - 1, KV>(n, scores, span, V, hd, e, jend, inv, out, ldo);
+        return;
+    }
+    v8 acc[NQ][4];
+    for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = v8{};
+    for (int j = 0; j < jend; j += 4) {
+        v8 v0, v1, v2, v3;
+        if constexpr (sizeof(KV) == 2) {  // keys j and j + 1 in a pair's halves, then j + 2 and j + 3
+            const v8i u0 = ld8i(V + (size_t)j * hd + 2 * e), u1 = ld8i(V + (size_t)(j + 2) * hd + 2 * e);
+            v0 = (v8)(u0 << 16); v1 = (v8)(u0 & (int)0xffff0000u);
+            v2 = (v8)(u1 << 16); v3 = (v8)(u1 & (int)0xffff0000u);
+        } else {
+            const KV* vr = V + (size_t)j * hd + e;
+            v0 = ld8(vr); v1 = ld8(vr + hd); v2 = ld8(vr + 2 * hd); v3 = ld8(vr + 3 * hd);
+        }
+        for (int i = 0; i < NQ; i++) {
+            const float* sc = scores + i * span + j;
+            const v8 s0 = {sc[0], sc[0], sc[0], sc[0], sc[0], sc[0], sc[0], sc[0]};
+            const v8 s1 = {sc[1], sc[1], sc[1], sc[1], sc[1], sc[1], sc[1], sc[1]};
+            const v8 s2 = {sc[2], sc[2], sc[2], sc[2], sc[2], sc[2], sc[2], sc[2]};
+            const v8 s3 = {sc[3], sc[3], sc[3], sc[3], sc[3], sc[3], sc[3], sc[3]};
+            acc[i][0] += s0 * v0; acc[i][1] += s1 * v1; acc[i][2] += s2 * v2; acc[i][3] += s3 * v3;
+        }
+    }
+    for (int i = 0; i < NQ; i++)
+        st8(out + (size_t)i * ldo, ((acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3])) * inv[i]);
+}
+#endif
+
 // Softmax attention of one head for NQ <= 8 queries (rows of q, stride ldq, at the head's
 // dimensions) whose windows start at the same key lo (a multiple of 32) and end at hi[i], with
 // float32 multiply-adds: the group reads the keys and values once. 16 keys' scores are one vector
 // per dimension, and a window's keys one contiguous run of memory. A query's scores, softmax and
 // weighted sum are the same operations in the same order whatever queries share the call: keys
 // past its own end get weight exactly 0, the sums run over the key's offset from lo, and the
-// weighted sum goes four queries at a time (registers).
+// weighted sum goes four queries at a time (registers; AVX2: see scores16).
 template <int NQ, typename KV>
 static void attend_group(const float* q, int ldq, const int* hi, const KV* KT, const KV* Vv, int lo, int hd,
                          float* out, int ldo, float* scores) {
@@ -692,6 +778,26 @@ static void attend_group(const float* q, int ldq, const int* hi, const KV* KT, c
     int cnt[NQ], cmax = 0;
     for (int i = 0; i < NQ; i++) { cnt[i] = hi[i] - lo + 1; cmax = cnt[i] > cmax ? cnt[i] : cmax; }
     const int span = (cmax + 31) & ~31;  // scores per query: whole tiles of 32 keys
+#if !ENGINE_AVX512
+    if constexpr (NQ >= 3) {  // 16 keys a pass, 6 queries (bf16: 4) at a time; the weighted sums 2 queries and 8 dimensions a pass
+        constexpr int G = sizeof(KV) == 2 ? 4 : 6;
+        for (int j = 0; j < span; j += 32)
+            for (int g = 0; g < 2; g++) {
+                const KV* keys = KT + (size_t)(lo + j) * hd + (sizeof(KV) == 2 ? (size_t)g * 16 * hd : 16 * g);
+                for (int i0 = 0; i0 < NQ; i0 += G)
+                    scores16<(NQ < G ? NQ : G), KV>(NQ - i0, q + (size_t)i0 * ldq, ldq, keys, hd,
+                                                    scores + i0 * span + j + 16 * g, span);
+            }
+        float inv[NQ];
+        for (int i = 0; i < NQ; i++) inv[i] = softmax_row(scores + i * span, cnt[i], span, scale);
+        const int jend = (cmax + 3) & ~3;
+        for (int e = 0; e < hd; e += 8)
+            for (int i0 = 0; i0 < NQ; i0 += 2)
+                weighted_sum8<(NQ < 2 ? NQ : 2), KV>(NQ - i0, scores + i0 * span, span, Vv + (size_t)lo * hd, hd, e,
+                                                     jend, inv + i0, out + (size_t)i0 * ldo + e, ldo);
+        return;
+    }
+#endif
     for (int j = 0; j < span; j += 32) {
         const KV* tile = KT + (size_t)(lo + j) * hd;  // keys lo + j.. (float32: 32 a tile; bf16: 16 a group)
         v16 a[NQ][2];
