@@ -57,12 +57,12 @@ struct v16 {
     float operator[](int i) const { return i < 8 ? lo[i] : hi[i - 8]; }
 };
 struct v16i { v8i lo, hi; };
-// loads and stores as one instruction each: GCC copied a memcpy into a v16, or into an array of
-// v8i, through the stack 16 bytes at a time, and each wide read of those stalled on the narrow
-// stores before it (every kernel ran several times slower: experiments/engine-without-avx512/)
-static inline v8 ld8(const float* p) { return (v8)_mm256_loadu_ps(p); }
-static inline void st8(float* p, v8 v) { _mm256_storeu_ps(p, (__m256)v); }
-static inline v8i ld8i(const void* p) { return (v8i)_mm256_loadu_si256((const __m256i*)p); }
+// loads and stores one 8-lane vector at a time: GCC copied a memcpy into a v16, or into an array
+// of v8i, through the stack 16 bytes at a time, and each wide read of those stalled on the narrow
+// stores before it (every kernel ran several times slower: experiments/avx2-kernels/)
+static inline v8 ld8(const float* p) { v8 v; std::memcpy(&v, p, 32); return v; }
+static inline void st8(float* p, v8 v) { std::memcpy(p, &v, 32); }
+static inline v8i ld8i(const void* p) { v8i v; std::memcpy(&v, p, 32); return v; }
 // always inlined: a multiply and an add are fused into one multiply-add only where both are in
 // one function, and a row's arithmetic must be the same in every kernel it passes through
 #define V16_INLINE static inline __attribute__((always_inline))
@@ -335,8 +335,8 @@ static void lin_block(const float* x, int ldx, int n, const WT* W, size_t panel,
 // multiples of 16), in tiles whose sums fit the registers. AVX-512 (32 registers): up to 4 rows,
 // 4 panels (4 independent sums a row); more rows, 2 panels and 8 rows a tile, so a 7-token call
 // reads each weight once; a lone panel last. AVX2 (16 registers of 8 floats): one row, 4 panels
-// (8 sums); more rows, 2 panels and 2 rows a tile (8 sums and 4 widened weights: 3 rows spilled
-// and took twice as long); a lone panel 6 rows a tile.
+// (8 sums); more rows, 2 panels and 2 rows a tile (8 sums, and bf16 weights' 4 widened vectors:
+// with 3 rows their tiles spilled and took twice as long); a lone panel 6 rows a tile.
 template <typename WT>
 static void lin_range(const float* x, int ldx, int n, const WT* W, size_t panel, int c0, int nc, const float* b,
                       float* y, int ldy, int K) {
@@ -770,7 +770,8 @@ static void weighted_sum8(int n, const float* scores, int span, const KV* V, int
 // per dimension, and a window's keys one contiguous run of memory. A query's scores, softmax and
 // weighted sum are the same operations in the same order whatever queries share the call: keys
 // past its own end get weight exactly 0, the sums run over the key's offset from lo, and the
-// weighted sum goes four queries at a time (registers; AVX2: see scores16).
+// weighted sum goes four queries at a time (registers; on AVX2, from 3 queries, scores 6 or 4
+// queries and the weighted sums 2 queries at a time: see scores16).
 template <int NQ, typename KV>
 static void attend_group(const float* q, int ldq, const int* hi, const KV* KT, const KV* Vv, int lo, int hd,
                          float* out, int ldo, float* scores) {
