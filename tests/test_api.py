@@ -306,7 +306,10 @@ def test_a_ctrl_c_while_a_command_starts_ends_it_in_one_line(tmp_path):
     itself) stops it with exit code 130 and one line, not an import traceback. The process sends
     itself SIGINT at the first import inside main, so the test does not race the imports."""
     env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    # Python's own Ctrl-C handler, as in a terminal: a test runner's worker may ignore SIGINT,
+    # and a child inherits that
     child = ("import os, signal, sys\n"
+             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
              "from sr_blockwise.cli import main\n"
              "class CtrlC:\n"
              "    def find_spec(self, name, path=None, target=None):\n"
