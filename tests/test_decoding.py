@@ -236,10 +236,10 @@ def test_sampling_is_seeded_and_batch_invariant(engine, k):
     m = make_tiny(9).for_inference(torch.float32)
     lr = np.random.default_rng(9).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
     opts = options_for("sample", k=k, temperature=1.0, seed=3)
-    a, b = decode(m, lr, opts, engine=engine), decode(m, lr, opts, engine=engine)
+    a = decode(m, lr, opts, engine=engine)
     assert a.extra["engine"] == engine
-    np.testing.assert_array_equal(a.images, b.images)
     assert not np.array_equal(a.images, greedy(m, lr).images)
+    # the same seed gives the same sample, here in another call and batch
     first = decode(m, lr[:1], opts, engine=engine)
     np.testing.assert_array_equal(first.images[0], a.images[0])
     # with explicit per-image seeds, the second image alone equals itself in the batch
@@ -402,7 +402,9 @@ def test_speculative_sampling_matches_plain_sampling(setup64, engine):
             logp = (m.logits(m(src, out), src) / T).log_softmax(-1)
         return -logp.gather(-1, out[..., None]).mean().item()
 
-    for T in (1.0, 0.5):
+    # the torch engine at one temperature: the engines draw the same samples at others
+    # (test_native_sampling_draws_what_the_torch_engine_draws)
+    for T in (1.0, 0.5) if engine == "native" else (1.0,):
         plain = decode(m, lr, DecodeOptions(k=1, temperature=T, seed=5), engine=engine)
         spec = decode(m, lr, DecodeOptions(k=4, temperature=T, seed=5), engine=engine)
         assert spec.extra["engine"] == plain.extra["engine"] == engine
@@ -410,7 +412,7 @@ def test_speculative_sampling_matches_plain_sampling(setup64, engine):
         assert not np.array_equal(spec.images, plain.images)
         assert abs(nll(spec.images, T) - nll(plain.images, T)) < 0.05
         assert nll(g.images, T) < nll(plain.images, T) - 1
-    alone = decode(m, lr[2:], DecodeOptions(k=4, temperature=0.5, seed=5), seeds=[5 * 1_000_003 + 2], engine=engine)
+    alone = decode(m, lr[2:], DecodeOptions(k=4, temperature=T, seed=5), seeds=[5 * 1_000_003 + 2], engine=engine)
     np.testing.assert_array_equal(alone.images[0], spec.images[2])
     assert alone.stats[0].block_hist == spec.stats[2].block_hist
     with pytest.raises(ValueError, match="speculative sampling's own rule"):

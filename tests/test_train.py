@@ -23,8 +23,11 @@ def small_data(tmp_path):
 
 
 def cfg(data, run, **kw):
+    """A tiny run in float32: what these tests check does not depend on the dtype, and a processor
+    without bf16 instructions (AVX2) runs bf16 autocast's products ~100x slower than float32's
+    (test_bf16_autocast_training_resumes_exactly covers TrainConfig's default, bf16)."""
     return TrainConfig(**{"run": run, "preset": "tiny", "data": data, "batch_size": 4, "lr": 3e-3,
-                          "warmup": 5, "eval_minutes": 1e9, "ckpt_minutes": 1e9, **kw})
+                          "warmup": 5, "eval_minutes": 1e9, "ckpt_minutes": 1e9, "bf16": False, **kw})
 
 
 def test_loss_falls_and_resume_continues_exactly(small_data, tmp_path, monkeypatch):
@@ -50,6 +53,21 @@ def test_loss_falls_and_resume_continues_exactly(small_data, tmp_path, monkeypat
     assert bits_per_dim(after_model, imgs, bf16=False) < before - 0.2
     with pytest.raises(ValueError, match="different settings"):
         train(cfg(small_data, "a", max_steps=20, batch_size=2), resume=True, progress=False)
+
+
+def test_bf16_autocast_training_resumes_exactly(small_data, tmp_path, monkeypatch):
+    """TrainConfig's default dtype: under bf16 autocast, 2 steps and a resume to 4 give the weights
+    of 4 steps in one go, and the loss is finite."""
+    monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
+    assert TrainConfig().bf16
+    train(cfg(small_data, "a", max_steps=2, bf16=True), progress=False)
+    train(cfg(small_data, "a", max_steps=4, bf16=True), resume=True, progress=False)
+    out = train(cfg(small_data, "b", max_steps=4, bf16=True), progress=False)
+    a = load_checkpoint(tmp_path / "cache/a/last.pt")["model"]
+    b = load_checkpoint(tmp_path / "cache/b/last.pt")["model"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert np.isfinite(out["bpd_train"])
 
 
 def test_resume_refuses_a_cut_short_checkpoint_and_notes_a_changed_schedule(small_data, tmp_path, monkeypatch, capsys):
