@@ -93,7 +93,7 @@ def library():
         _build_error = "no C++ compiler (g++) found: the native engine cannot be built"
         raise RuntimeError(_build_error)
     # -march=native: a cached build is only for a processor with the same instruction sets
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + cpu_flags()).hexdigest()[:16]
     so = _cache_dir() / f"engine-{key}.so"
     if not so.exists():
         so.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,8 @@ def library():
     return lib
 
 
-def _cpu_flags() -> bytes:
+def cpu_flags() -> bytes:
+    """The processor's instruction-set flags (/proc/cpuinfo's flags line; elsewhere its name)."""
     try:
         lines = Path("/proc/cpuinfo").read_bytes().splitlines()
     except OSError:

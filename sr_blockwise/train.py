@@ -316,6 +316,20 @@ def train_step(loss_fn: nn.Module, opt: torch.optim.Optimizer, clip_parts: tuple
     return base_loss.detach(), head_loss.detach(), per_head
 
 
+def slow_bf16_note(cfg: TrainConfig) -> str | None:
+    """A warning where bf16 autocast would train on an x86 processor without bf16 instructions
+    (AVX-512 BF16 or AMX): there torch's bf16 products ran ~100x slower than float32's
+    (experiments/avx2-kernels/bench_decode.log, its last line), so float32 trains faster."""
+    from .engine import cpu_flags
+    flags = set(cpu_flags().split())
+    if not cfg.bf16 or not cfg.device.startswith("cpu") or b"avx2" not in flags:
+        return None
+    if flags & {b"avx512_bf16", b"amx_bf16"}:
+        return None
+    return ("warning: this processor has no bf16 instructions (avx512_bf16, amx_bf16): bf16 autocast "
+            "trains far slower than float32 here; pass --fp32")
+
+
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
     ddp = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
     rank, world = 0, 1
@@ -327,6 +341,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             torch.cuda.set_device(cfg.device)  # nccl's collectives run on the current device
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if rank == 0 and (note := slow_bf16_note(cfg)):
+        print(note, file=sys.stderr)
     run_dir = CACHE_DIR / cfg.run
     ckpt_path = run_dir / "last.pt"
     if resume and not ckpt_path.exists():

@@ -32,7 +32,7 @@ def _use(kernel: str, monkeypatch):
 
 
 def test_the_tiles_are_used_where_the_processor_has_them():
-    if not {b"amx_tile", b"amx_bf16"} <= set(engine._cpu_flags().split()):
+    if not {b"amx_tile", b"amx_bf16"} <= set(engine.cpu_flags().split()):
         pytest.skip("no AMX on this processor")
     assert engine.uses_amx()  # else the kernel refused the tiles' state: decoding falls back silently
 

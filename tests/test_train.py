@@ -70,6 +70,23 @@ def test_bf16_autocast_training_resumes_exactly(small_data, tmp_path, monkeypatc
     assert np.isfinite(out["bpd_train"])
 
 
+def test_bf16_autocast_on_a_processor_without_bf16_instructions_is_warned_of(monkeypatch):
+    """bf16 autocast on an x86 CPU without AVX-512 BF16 or AMX gets a warning naming --fp32; with
+    either instruction set, float32, or a GPU, none."""
+    from sr_blockwise import engine
+    from sr_blockwise.train import slow_bf16_note
+    for flags, device, bf16, warned in [(b"flags : fpu sse2 avx avx2 fma", "cpu", True, True),
+                                        (b"flags : fpu avx2 avx512f avx512_bf16", "cpu", True, False),
+                                        (b"flags : fpu avx2 amx_tile amx_bf16", "cpu", True, False),
+                                        (b"flags : fpu sse2 avx avx2 fma", "cpu", False, False),
+                                        (b"flags : fpu sse2 avx avx2 fma", "cuda", True, False),
+                                        (b"aarch64", "cpu", True, False)]:  # not x86: cannot tell
+        monkeypatch.setattr(engine, "cpu_flags", lambda f=flags: f)
+        note = slow_bf16_note(TrainConfig(device=device, bf16=bf16))
+        assert (note is not None) == warned, (flags, device, bf16)
+        assert note is None or "--fp32" in note
+
+
 def test_resume_refuses_a_cut_short_checkpoint_and_notes_a_changed_schedule(small_data, tmp_path, monkeypatch, capsys):
     from sr_blockwise.checkpoints import WeightsError
     monkeypatch.setattr("sr_blockwise.train.CACHE_DIR", tmp_path / "cache")
