@@ -63,6 +63,13 @@ struct v16i { v8i lo, hi; };
 static inline v8 ld8(const float* p) { v8 v; std::memcpy(&v, p, 32); return v; }
 static inline void st8(float* p, v8 v) { std::memcpy(p, &v, 32); }
 static inline v8i ld8i(const void* p) { v8i v; std::memcpy(&v, p, 32); return v; }
+static inline v8 splat8(float x) { return v8{x, x, x, x, x, x, x, x}; }
+// 8 pairs of bfloat16 at p as two 8-float vectors: each pair's first values, then its second (see ld_pairs)
+static inline void ld_pairs8(const uint16_t* p, v8& first, v8& second) {
+    const v8i u = ld8i(p);
+    first = (v8)(u << 16);
+    second = (v8)(u & (int)0xffff0000u);
+}
 // always inlined: a multiply and an add are fused into one multiply-add only where both are in
 // one function, and a row's arithmetic must be the same in every kernel it passes through
 #define V16_INLINE static inline __attribute__((always_inline))
@@ -78,7 +85,7 @@ V16_ARITHMETIC(+) V16_ARITHMETIC(-) V16_ARITHMETIC(*) V16_ARITHMETIC(/)
     V16_INLINE v16i operator op(v16 a, float b) { return {a.lo op b, a.hi op b}; }
 V16_COMPARE(<) V16_COMPARE(>)
 V16_INLINE v16 operator-(v16 a) { return {-a.lo, -a.hi}; }
-V16_INLINE v16 splat(float x) { const v8 v = {x, x, x, x, x, x, x, x}; return {v, v}; }
+V16_INLINE v16 splat(float x) { const v8 v = splat8(x); return {v, v}; }
 V16_INLINE v16 select(v16i m, v16 a, v16 b) { return {m.lo ? a.lo : b.lo, m.hi ? a.hi : b.hi}; }
 // _mm512_reduce_add_ps's tree: halves added, then quarters, eighths, the last pair
 static inline float sum_of(v16 x) {
@@ -218,9 +225,8 @@ static inline void ld_pairs(const uint16_t* p, v16& first, v16& second) {
     first = (v16)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
     second = (v16)_mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
 #else
-    const v8i u[2] = {ld8i(p), ld8i(p + 16)};
-    first = {(v8)(u[0] << 16), (v8)(u[1] << 16)};
-    second = {(v8)(u[0] & (int)0xffff0000u), (v8)(u[1] & (int)0xffff0000u)};
+    ld_pairs8(p, first.lo, second.lo);
+    ld_pairs8(p + 16, first.hi, second.hi);
 #endif
 }
 // 16 floats (as bits) rounded to bfloat16, nearest, ties to even, as torch's .to(torch.bfloat16)
@@ -263,10 +269,9 @@ static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const f
         v8 w[2 * NC];
         if constexpr (sizeof(WT) == 2) {
             for (int c = 0; c < NC; c += 2) {
-                const WT* p = W + c * panel + (size_t)k * 32;
-                const v8i u[2] = {ld8i(p), ld8i(p + 16)};
                 for (int h = 0; h < 2; h++) {
-                    const v8 first = (v8)(u[h] << 16), second = (v8)(u[h] & (int)0xffff0000u);
+                    v8 first, second;
+                    ld_pairs8(W + c * panel + (size_t)k * 32 + 16 * h, first, second);
                     w[2 * c + h] = NC == 1 && odd ? second : first;
                     if (c + 1 < NC) w[2 * c + 2 + h] = second;
                 }
@@ -275,8 +280,7 @@ static void lin_rows(const float* x, int ldx, const WT* W, size_t panel, const f
             for (int c = 0; c < 2 * NC; c++) w[c] = ld8(W + (c / 2) * panel + (size_t)k * 16 + 8 * (c % 2));
         }
         for (int r = 0; r < NR; r++) {
-            const float xr = x[(size_t)r * ldx + k];
-            const v8 xs = {xr, xr, xr, xr, xr, xr, xr, xr};
+            const v8 xs = splat8(x[(size_t)r * ldx + k]);
             for (int c = 0; c < 2 * NC; c++) acc[r][c] += xs * w[c];
         }
     }
@@ -708,12 +712,11 @@ static void scores16(int n, const float* q, int ldq, const KV* keys, int hd, flo
     for (int i = 0; i < NQ; i++) a[i][0] = a[i][1] = v8{};
     if constexpr (sizeof(KV) == 2) {
         for (int e = 0; e < hd; e += 2) {
-            const v8i u[2] = {ld8i(keys + e * 16), ld8i(keys + e * 16 + 16)};
-            const v8 k0 = (v8)(u[0] << 16), k1 = (v8)(u[1] << 16);  // dimension e
-            const v8 n0 = (v8)(u[0] & (int)0xffff0000u), n1 = (v8)(u[1] & (int)0xffff0000u);  // e + 1
+            v8 k0, k1, n0, n1;  // keys 0-7 and 8-15 at dimensions e (k) and e + 1 (n)
+            ld_pairs8(keys + e * 16, k0, n0);
+            ld_pairs8(keys + e * 16 + 16, k1, n1);
             for (int i = 0; i < NQ; i++) {
-                const float qe = q[(size_t)i * ldq + e], qn = q[(size_t)i * ldq + e + 1];
-                const v8 qs = {qe, qe, qe, qe, qe, qe, qe, qe}, qns = {qn, qn, qn, qn, qn, qn, qn, qn};
+                const v8 qs = splat8(q[(size_t)i * ldq + e]), qns = splat8(q[(size_t)i * ldq + e + 1]);
                 a[i][0] += qs * k0; a[i][1] += qs * k1;
                 a[i][0] += qns * n0; a[i][1] += qns * n1;
             }
@@ -722,8 +725,7 @@ static void scores16(int n, const float* q, int ldq, const KV* keys, int hd, flo
         for (int e = 0; e < hd; e++) {
             const v8 k0 = ld8(keys + e * 32), k1 = ld8(keys + e * 32 + 8);
             for (int i = 0; i < NQ; i++) {
-                const float qe = q[(size_t)i * ldq + e];
-                const v8 qs = {qe, qe, qe, qe, qe, qe, qe, qe};
+                const v8 qs = splat8(q[(size_t)i * ldq + e]);
                 a[i][0] += qs * k0; a[i][1] += qs * k1;
             }
         }
@@ -743,20 +745,16 @@ static void weighted_sum8(int n, const float* scores, int span, const KV* V, int
     for (int j = 0; j < jend; j += 4) {
         v8 v0, v1, v2, v3;
         if constexpr (sizeof(KV) == 2) {  // keys j and j + 1 in a pair's halves, then j + 2 and j + 3
-            const v8i u0 = ld8i(V + (size_t)j * hd + 2 * e), u1 = ld8i(V + (size_t)(j + 2) * hd + 2 * e);
-            v0 = (v8)(u0 << 16); v1 = (v8)(u0 & (int)0xffff0000u);
-            v2 = (v8)(u1 << 16); v3 = (v8)(u1 & (int)0xffff0000u);
+            ld_pairs8(V + (size_t)j * hd + 2 * e, v0, v1);
+            ld_pairs8(V + (size_t)(j + 2) * hd + 2 * e, v2, v3);
         } else {
             const KV* vr = V + (size_t)j * hd + e;
             v0 = ld8(vr); v1 = ld8(vr + hd); v2 = ld8(vr + 2 * hd); v3 = ld8(vr + 3 * hd);
         }
         for (int i = 0; i < NQ; i++) {
             const float* sc = scores + i * span + j;
-            const v8 s0 = {sc[0], sc[0], sc[0], sc[0], sc[0], sc[0], sc[0], sc[0]};
-            const v8 s1 = {sc[1], sc[1], sc[1], sc[1], sc[1], sc[1], sc[1], sc[1]};
-            const v8 s2 = {sc[2], sc[2], sc[2], sc[2], sc[2], sc[2], sc[2], sc[2]};
-            const v8 s3 = {sc[3], sc[3], sc[3], sc[3], sc[3], sc[3], sc[3], sc[3]};
-            acc[i][0] += s0 * v0; acc[i][1] += s1 * v1; acc[i][2] += s2 * v2; acc[i][3] += s3 * v3;
+            acc[i][0] += splat8(sc[0]) * v0; acc[i][1] += splat8(sc[1]) * v1;
+            acc[i][2] += splat8(sc[2]) * v2; acc[i][3] += splat8(sc[3]) * v3;
         }
     }
     for (int i = 0; i < NQ; i++)
