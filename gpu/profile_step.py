@@ -55,18 +55,19 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rows", type=int, default=15, help="operators per profiler table")
+    ap.add_argument("--fp32", action="store_true", help="float32 steps, not bf16 autocast (as train --fp32)")
     a = ap.parse_args()
     batches = [int(b) for b in a.batches.split(",")]
     cuda = a.device.startswith("cuda")
     cfg = TrainConfig(preset=a.preset, stage="finetune", head_frac=0.25, head_weight=0.5, device=a.device,
-                      lr=1e-4, warmup=10)
+                      lr=1e-4, warmup=10, bf16=not a.fp32)
     torch.manual_seed(0)
     model = ImageTransformerSR(preset(a.preset)).to(a.device).train()
     loss_fn = TrainingLoss(model, cfg)
     opt, clip_parts = make_optimizer(model, cfg)
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"== {a.preset} preset ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters), "
-          f"fine-tuning step, bf16 autocast, {name}, torch {torch.__version__}")
+          f"fine-tuning step, {'float32' if a.fp32 else 'bf16 autocast'}, {name}, torch {torch.__version__}")
     print("| batch | images/s | images/s, drained every step | peak memory (GB) |\n|---|---|---|---|")
     rate = {}
     for b in batches:

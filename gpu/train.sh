@@ -33,6 +33,8 @@ PROFILE_STEPS=${PROFILE_STEPS:-10}  # timed steps per batch size
 WARM_FROM=${WARM_FROM-weights/cpu-finetuned.json}
 WARM_PRESET=${WARM_PRESET:-cpu}
 WARM_ARGS=${WARM_ARGS---lr 1e-3 --warmup 500 --schedule-offset 10000}  # split on spaces: no quotes inside
+FP32=${FP32:-0}               # 1: train and profile in float32, not under bf16 autocast (the CPU
+                              # dry run: bf16 products are slow on CPUs without bf16 instructions)
 OUT=${OUT:?set OUT to the folder that comes back}
 [ "$SCRATCH" = 0 ] && [ -z "$WARM_FROM" ] && { echo "SCRATCH=0 and no WARM_FROM: nothing to train" >&2; exit 2; }
 # a fresh checkpoint folder per run: a rerun on a still-warm machine must not find old runs
@@ -41,7 +43,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SR_BLOCKW
 
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
-echo "== $(date -u +%FT%TZ) device=$DEVICE preset=$PRESET batch=$BATCH lr=$LR warmup=$WARMUP base=${BASE_MIN}min ft<=${FT_MIN}min deadline=${DEADLINE_S}s"
+echo "== $(date -u +%FT%TZ) device=$DEVICE preset=$PRESET batch=$BATCH lr=$LR warmup=$WARMUP fp32=$FP32 base=${BASE_MIN}min ft<=${FT_MIN}min deadline=${DEADLINE_S}s"
 $PY gpu/pack.py unpack "$PACKED" "$CACHE/faces.npz" || exit 1
 
 best_ck() {  # run name -> its checkpoint of the best validation score (at most EVAL_MIN old), else its last
@@ -66,6 +68,9 @@ EOF
 
 common=(--threads "$THREADS" --data "$CACHE/faces.npz" --device "$DEVICE" --batch-size "$BATCH"
         --max-steps "$MAX_STEPS" --ckpt-minutes 1 --eval-minutes "$EVAL_MIN" --eval-images 256 --quiet)
+precision=()
+[ "$FP32" = 1 ] && precision=(--fp32)
+common+=("${precision[@]}")
 rc=0
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
 if [ -n "$PROFILE" ]; then
@@ -73,7 +78,7 @@ if [ -n "$PROFILE" ]; then
     [ -n "$WARM_FROM" ] && presets+=("$WARM_PRESET")
     [ "$SCRATCH" = 0 ] || [ "$PRESET" = "$WARM_PRESET" -a -n "$WARM_FROM" ] || presets+=("$PRESET")
     for p in "${presets[@]}"; do
-        $PY gpu/profile_step.py --preset "$p" --batches "$PROFILE" --steps "$PROFILE_STEPS" --profile-steps 3 --device "$DEVICE" > "$OUT/profile-$p.txt" 2>&1 \
+        $PY gpu/profile_step.py --preset "$p" --batches "$PROFILE" --steps "$PROFILE_STEPS" --profile-steps 3 --device "$DEVICE" "${precision[@]}" > "$OUT/profile-$p.txt" 2>&1 \
             || echo "profiling $p failed (see profile-$p.txt); training goes on"
         grep -E '^(\||==|device busy)' "$OUT/profile-$p.txt"
     done

@@ -298,19 +298,21 @@ def test_speculative_rule_gives_tokens_distributed_as_p(temperature):
 def test_recycled_exact_mode_is_greedy_with_longer_blocks_on_both_engines(overrides):
     """Exact mode recycles a verification's logits past its rejected proposal: the output stays
     greedy's, the blocks get longer than the heads' alone, and the two engines, which compute a
-    small float32 model's logits alike, recycle the same proposals (the same blocks)."""
+    small float32 model's logits alike, recycle the same proposals (the same blocks). The torch
+    engine runs at k=4 only: its recycling has no case for k, and its decodes cost seconds each."""
     m = make_tiny(3, **overrides).for_inference(torch.float32)
     lr = np.random.default_rng(3).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
     g = greedy(m, lr)
     for k in (2, 4):
         blocks = {}
         for propose in ("recycle", "argmax"):
-            for engine in ("native", "torch"):
+            for engine in ("native", "torch") if k == 4 else ("native",):
                 r = decode(m, lr, DecodeOptions(k=k, propose=propose), engine=engine)
                 np.testing.assert_array_equal(r.images, g.images)
                 blocks[propose, engine] = [s.block_hist for s in r.stats]
-        assert blocks["recycle", "native"] == blocks["recycle", "torch"]
-        assert blocks["argmax", "native"] == blocks["argmax", "torch"]
+        if k == 4:
+            assert blocks["recycle", "native"] == blocks["recycle", "torch"]
+            assert blocks["argmax", "native"] == blocks["argmax", "torch"]
         mean = lambda hists: np.mean([np.dot(h, np.arange(1, k + 1)) / sum(h) for h in hists])
         assert mean(blocks["recycle", "native"]) > 1.1 * mean(blocks["argmax", "native"])
 

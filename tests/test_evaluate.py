@@ -1,4 +1,5 @@
 import copy
+import functools
 import json
 from pathlib import Path
 
@@ -137,6 +138,14 @@ def _smoke_run(tiny_weights, celeba_npz, out, *more):
                      "--out", str(out), "--cache-dir", str(out / "store"), "--quiet", *more])
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_uncached_rep(monkeypatch):
+    """The uncached-greedy estimate times each prefix length once, not thrice: a test that runs
+    evaluate again and again checks what is read back and merged, not that estimate (the smoke
+    run's test does)."""
+    monkeypatch.setattr(ev.run, "time_uncached_greedy", functools.partial(ev.run.time_uncached_greedy, reps=1))
 
 
 def _strict(path):
@@ -313,7 +322,7 @@ def test_merge_runs_of_different_weights(smoke, tmp_path, capsys):
     assert "no such results file" in capsys.readouterr().err
 
 
-def test_merge_pools_runs_over_adjacent_faces(tiny_weights, celeba_npz, tmp_path, capsys):
+def test_merge_pools_runs_over_adjacent_faces(tiny_weights, celeba_npz, tmp_path, capsys, one_uncached_rep):
     """Faces 0..1 in one run, and as face 0 + face 1 (--first) merged: the same rows, the same
     block histograms, calls, identity and quality (each face decodes alone, batch 1), pooled
     timings; a gap between parts is refused. (Exact-heads mode only, replayed: the pooling does not
@@ -371,7 +380,7 @@ def test_merge_pools_runs_over_adjacent_faces(tiny_weights, celeba_npz, tmp_path
     assert "leave a gap" in capsys.readouterr().err and not (tmp_path / "gap").exists()
 
 
-def test_resume_reads_back_whole_saved_groups(tiny_weights, celeba_npz, tmp_path):
+def test_resume_reads_back_whole_saved_groups(tiny_weights, celeba_npz, tmp_path, one_uncached_rep):
     """4 faces in batches of 2. A resumed run reads back every (batch, weights) group whose files
     are all there, with their timings, and decodes again, whole, a group with a torn file; a store
     opened without --resume reads nothing back."""

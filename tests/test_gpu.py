@@ -95,7 +95,7 @@ def test_gpu_script_dry_run_on_cpu(small_npz, tmp_path):
     env = dict(os.environ, OUT=str(out), SR_BLOCKWISE_CACHE=str(tmp_path / "cache"), PY=sys.executable,
                DEVICE="cpu", PRESET="tiny", BATCH="2", MAX_STEPS="2", EVAL_MIN="0", PACKED=str(packed),
                OMP_NUM_THREADS="1", THREADS="1", WARM_FROM=str(tmp_path / "warm.pt"), WARM_PRESET="tiny",
-               PROFILE="2", PROFILE_STEPS="1")
+               PROFILE="2", PROFILE_STEPS="1", FP32="1")  # float32: bf16 products are slow on most CPUs
     r = subprocess.run([str(ROOT / "gpu" / "train.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for run in ("gpu-base", "gpu-ft", "warm-ft"):
@@ -103,12 +103,14 @@ def test_gpu_script_dry_run_on_cpu(small_npz, tmp_path):
         # the best-scored checkpoint came back (validation at every step here: a best.pt was kept)
         assert (tmp_path / "cache" / run / "best.pt").exists()
         assert "opt" not in ck and 1 <= ck["step"] <= 2 and ck["best_val_bpd"] < 9  # scored, not inf
+        assert ck["train_config"]["bf16"] is False  # FP32=1 reached every training run
         load_model(out / f"{run}.pt")
         assert "val_bpd" in (out / f"{run}-log.csv").read_text()
     assert "done" in (out / "run.log").read_text()
     # profiled first, once for the one preset both runs use: a row of images/s and the operators
     profile = (out / "profile-tiny.txt").read_text()
     assert "| 2 | " in profile and "== profiler, batch 2" in profile and "aten::" in profile
+    assert "fine-tuning step, float32" in profile  # and the profile
     assert not (out / "profile-cpu.txt").exists()
     # the warm start trained the given weights, not fresh ones
     w_ft = torch.load(out / "warm-ft.pt", map_location="cpu", weights_only=True)["model"]
