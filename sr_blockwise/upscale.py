@@ -27,6 +27,7 @@ import math
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -400,11 +401,48 @@ def check_writable(folder: Path, what: str) -> None:
         raise ValueError(f"{what} {folder}: cannot be written to ({e.strerror or e})") from None
 
 
+# a temporary file's name: this machine, the writing process, random (_temp_name)
+_HOST = hashlib.sha1(socket.gethostname().encode(errors="surrogateescape")).hexdigest()[:8]
+_TEMP = re.compile(r"\.([0-9a-f]{8})-([0-9]+)-[0-9a-f]{12}\.tmp")
+
+
 def _temp_name(path: Path) -> Path:
     """A short hidden temporary name next to `path`: a long name plus a suffix could pass the file
-    system's 255-byte limit. Random, so that processes on other machines sharing the folder (where
-    process ids can be equal) never write the same file."""
-    return path.with_name(f".{os.getpid()}-{os.urandom(6).hex()}.tmp")
+    system's 255-byte limit. It names this machine and process (a later run removes what a killed
+    one left: sweep_temp_files), and is random, so that processes on other machines sharing the
+    folder (where process ids can be equal) never write the same file."""
+    return path.with_name(f".{_HOST}-{os.getpid()}-{os.urandom(6).hex()}.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # none with that id (or an id no process has)
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def sweep_temp_files(folders) -> int:
+    """Remove the temporary files that a process of this machine, killed while writing (SIGKILL,
+    out of memory), left in these folders; those of live processes and of other machines sharing
+    a folder stay. Returns how many were removed."""
+    removed = 0
+    for folder in folders:
+        try:
+            names = [f.name for f in Path(folder).iterdir()]
+        except OSError:  # not there yet, or not readable: nothing of ours in it
+            continue
+        for name in names:
+            m = _TEMP.fullmatch(name)
+            if m and m.group(1) == _HOST and not _alive(int(m.group(2))):
+                try:
+                    (Path(folder) / name).unlink()
+                    removed += 1
+                except OSError:
+                    pass
+    return removed
 
 
 SOFTWARE = "sr-blockwise"  # the EXIF Software tag of every file written: a later run knows its own results
@@ -746,6 +784,11 @@ def run(cfg: Config) -> int:
             print(f"{'skip' if id(j) in skip else 'todo'}\t{_shown(j.src)}\t{_shown(j.out)}")
         return 0
 
+    # what a killed run left half-written in the folders this one writes to
+    swept = sweep_temp_files(sorted({p.parent for j in jobs for p in (j.out, j.compare, j.paste) if p}
+                                    | ({Path(mpath).parent} if mpath else set())))
+    if swept:
+        say(f"removed {swept} temporary file{'' if swept == 1 else 's'} that a killed run left")
     # a bad mode fails here, before the model loads (the options are made again with the model)
     options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=cfg.seed)
     if cfg.threads > 0:

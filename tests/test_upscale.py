@@ -631,6 +631,30 @@ def test_longest_legal_names_are_written(tmp_path, fast, rng):
     assert leftovers(tmp_path) == []
 
 
+def test_a_killed_runs_temporary_file_is_removed_by_the_next_run(tmp_path, fast, capsys, rng):
+    """A process killed (SIGKILL) while writing leaves its hidden temporary file behind; the next
+    run into that folder removes it, and keeps those of a live process and of another machine."""
+    src, out = tmp_path / "in", tmp_path / "out"
+    save(src / "a.png", tiny8(rng))
+    out.mkdir()
+    child = ("import os, signal, sys; from pathlib import Path; from sr_blockwise.upscale import _temp_name; "
+             "_temp_name(Path(sys.argv[1]) / 'a.png').write_bytes(b'half an image'); "
+             "os.kill(os.getpid(), signal.SIGKILL)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    r = subprocess.run([sys.executable, "-c", child, str(out)], env=env, timeout=120)
+    assert r.returncode == -signal.SIGKILL
+    (killed,) = leftovers(out)
+    dead_pid = killed.name.split("-")[1]
+    live = upscale._temp_name(out / "b.png")  # this process's: being written
+    live.write_bytes(b"")
+    other_host = "0" * 8 if upscale._HOST != "0" * 8 else "1" * 8
+    elsewhere = out / f".{other_host}-{dead_pid}-{'ab' * 6}.tmp"  # a dead pid, on another machine
+    elsewhere.write_bytes(b"")
+    assert main([str(src), "-o", str(out)] + fast) == 0
+    assert "removed 1 temporary file that a killed run left" in capsys.readouterr().err
+    assert not killed.exists() and live.exists() and elsewhere.exists() and (out / "a.png").is_file()
+
+
 def test_resumed_metrics_keep_rows_however_the_input_is_spelled(tmp_path, fast, monkeypatch, rng):
     """Rows are matched by the output's path below OUTDIR: a resumed run may spell the input or
     OUTDIR another way (here relative, then absolute) and still keep the first run's rows."""
