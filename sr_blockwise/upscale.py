@@ -416,11 +416,11 @@ def _temp_name(path: Path) -> Path:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except (ProcessLookupError, OverflowError):  # none with that id (or an id no process has)
         return False
     except PermissionError:  # another user's
-        return True
+        pass
     return True
 
 
