@@ -880,7 +880,9 @@ def run(cfg: Config) -> int:
                 fail(j, f"{type(e).__name__}: {e}")
                 continue
             if ph.warn:
-                bar.write(f"warning: {_shown(j.src)}: {ph.note}", file=sys.stderr)
+                bar.write(f"warning: {_shown(j.src)}: {ph.note}"
+                          + ("; the pasted photo is the photo enlarged, nothing pasted" if cfg.paste_back and ph.faces else ""),
+                          file=sys.stderr)
             if not ph.faces:  # --no-face skip
                 s.no_face.append(str(j.src))
                 metrics.add({**names(j), "status": "no face", "reason": ph.note})
@@ -940,7 +942,10 @@ def run(cfg: Config) -> int:
         if n == 0 and j.paste is not None:  # before face 0: the photo is done when face 0 is there
             if aligned:
                 from .faces import paste_back, paste_scale
-                whole = paste_back(ph.image, ph.faces, [results[i][0] for i in range(len(ph.faces))],
+                # no face found: the centre square stood in for the face file, but it is no face
+                # to paste over the photo's middle
+                pasted = [] if ph.warn else ph.faces
+                whole = paste_back(ph.image, pasted, [results[i][0] for i in range(len(pasted))],
                                    paste_scale(ph.image.size))
             else:  # an 8x8 or 32x32 input: the result is the whole photo
                 whole = img
