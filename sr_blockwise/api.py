@@ -199,17 +199,21 @@ class Upscaler:
     def upscale_faces(self, photo, faces: str = "all", boxes=(), if_none: str = "centre",
                       **options) -> list[FaceResult]:
         """Find the faces of a photo (a file path, PIL image or numpy array), align each to the
-        training framing, and upscale them: a FaceResult per face, largest first. faces: all, or
-        largest (sooner: the search for faces stops at it); boxes: faces given by hand as (left,
-        top, right, bottom) instead of detection (e.g. one too small to detect); if_none: centre
-        (the centre square), skip (an empty list) or error (data.BadImage) when no face is found.
-        options: upscale()'s (mode, k, eps, ...)."""
+        training framing, and upscale them: a FaceResult per face, largest first. faces: all,
+        largest (sooner: the search for faces stops at it) or none (no detection: the photo's
+        centre square, as the batch command's --faces none); boxes: faces given by hand as (left,
+        top, right, bottom) in the photo's pixels instead of detection (e.g. one too small to
+        detect; an empty list: detect); if_none: centre (the centre square), skip (an empty list)
+        or error (data.BadImage) when no face is found. options: upscale()'s (mode, k, eps, ...)."""
         from . import faces as F
         img = _photo(photo)
-        if len(boxes) == 4 and all(isinstance(v, (int, float, np.number)) for v in boxes):
-            boxes = [boxes]  # one box
+        boxes = _boxes(boxes)
         r = img.info.get("full_size", img.size)[0] / img.width  # the photo's own px per px read
-        found, _ = F.faces_of(img, faces, [[v / r for v in b] for b in boxes], if_none)
+        if faces == "none" and not boxes:
+            found = [F.celeba_face(img) if img.size == (178, 218) else F.centre_face(img)]
+        else:  # boxes given: they are the faces, whatever `faces` says
+            found, _ = F.faces_of(img, "all" if faces == "none" else faces, [[v / r for v in b] for b in boxes],
+                                  if_none)
         if not found:
             return []
         outs, stats = self.upscale([Image.fromarray(f.lr) for f in found], return_stats=True, **options)
@@ -223,6 +227,13 @@ class Upscaler:
         batch command does), each face replaced by its result (warped back and blended in with a
         feathered mask, faces.paste_back)."""
         from . import faces as F
+        if isinstance(results, FaceResult):
+            results = [results]
+        if not isinstance(results, Sequence) or not all(isinstance(r, FaceResult) for r in results):
+            raise ValueError("results: the FaceResults that upscale_faces returned for this photo, got "
+                             + (type(results).__name__ if not isinstance(results, Sequence) else
+                                f"a {type(results).__name__} holding "
+                                + ", ".join(sorted({type(r).__name__ for r in results if not isinstance(r, FaceResult)}))))
         img = _photo(photo)
         scale = F.paste_scale(img.size) if scale is None else scale
         return Image.fromarray(F.paste_back(img, [r.face for r in results], [np.asarray(r.image) for r in results], scale))
@@ -236,6 +247,28 @@ class Upscaler:
             if label is None:
                 raise
             raise data.BadImage(f"{label}: {e}") from None
+
+
+def _boxes(boxes) -> list[tuple[float, ...]]:
+    """Faces given by hand: one (left, top, right, bottom) box or a list of them -> a list of
+    4-float tuples (ValueError saying what a box is otherwise)."""
+    def number(v):
+        return isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
+    if boxes is None:
+        return []
+    if isinstance(boxes, np.ndarray):
+        boxes = boxes.tolist()
+    if isinstance(boxes, (list, tuple)) and len(boxes) == 4 and all(number(v) for v in boxes):
+        boxes = [boxes]  # one box
+    out = []
+    for b in boxes if isinstance(boxes, (list, tuple)) else [boxes]:
+        if isinstance(b, np.ndarray):
+            b = b.tolist()
+        if not (isinstance(b, (list, tuple)) and len(b) == 4 and all(number(v) for v in b)):
+            raise ValueError(f"boxes: a face box is (left, top, right, bottom), four numbers in the "
+                             f"photo's pixels; got {b!r}")
+        out.append(tuple(float(v) for v in b))
+    return out
 
 
 def _photo(source) -> Image.Image:

@@ -213,6 +213,24 @@ def test_upscale_faces_returns_each_face_with_box_and_landmarks(tiny):
     assert centre.face.how == "centre square"
 
 
+def test_face_boxes_and_paste_back_refuse_what_they_cannot_use(tiny):
+    """Bad boxes and paste-back results are ValueErrors that say what is wanted, before any work;
+    faces="none" takes the centre square, as the batch command's --faces none."""
+    wall = np.full((60, 90, 3), 200, np.uint8)
+    for boxes in ([(1, 2, 3)], ["180,60,270,175"], [(1, 2, 3, None)], 5, [(0, 0, 10, True)]):
+        with pytest.raises(ValueError, match=r"a face box is \(left, top, right, bottom\), four numbers"):
+            tiny.upscale_faces(wall, boxes=boxes, **FAST)
+    (one,) = tiny.upscale_faces(wall, boxes=np.array([10, 10, 40, 40]), **FAST)  # one box, as an array
+    assert one.box == (10, 10, 40, 40)
+    (centre,) = tiny.upscale_faces(wall, faces="none", **FAST)
+    assert centre.face.how == "centre square"
+    for results, named in ((None, "NoneType"), (tiny.upscale(wall, **FAST), "Image"),
+                           ([Image.fromarray(wall)], "a list holding Image")):
+        with pytest.raises(ValueError, match=f"the FaceResults that upscale_faces returned.*got {named}"):
+            tiny.paste_back(wall, results)
+    assert tiny.paste_back(wall, centre).size == (360, 240)  # one FaceResult, not in a list
+
+
 def test_a_huge_photos_faces_come_in_its_own_pixels(tiny, tmp_path):
     """A 48 MP photo is read at reduced size; boxes and landmarks still come in its own pixels."""
     import skimage.data
