@@ -40,7 +40,8 @@ def register(subparsers) -> None:
                         "native engine, 2 for exact, 4 for approx and sample; sample --k 1: plain sampling)")
     p.add_argument("--eps", type=int, default=None, help="approx mode only: tolerance in intensity levels (default 2)")
     p.add_argument("--temperature", type=float, default=None, help="sample mode only: above 0 (default 1.0)")
-    p.add_argument("--seed", type=int, default=0, help="sample mode: the same seed and --k give the same images")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sample mode only (default 0): the same seed and --k give the same images")
     p.add_argument("--weights", default=None, help="weights name or .json path (default: the shipped default)")
     p.add_argument("--batch-size", type=int, default=16, help="images decoded together (default 16)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")

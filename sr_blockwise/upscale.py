@@ -79,7 +79,7 @@ class Config:
     k: int | None = None  # None: the mode's decoding.DEFAULT_K (2 for exact, 4 for approx and sample)
     eps: int | None = None  # approx only; None: 2
     temperature: float | None = None  # sample only; None: 1.0
-    seed: int = 0
+    seed: int | None = None  # sample mode only (None: 0)
     weights: str | None = None
     batch_size: int = 16
     device: str = "auto"
@@ -732,6 +732,18 @@ def run(cfg: Config) -> int:
     if cfg.temperature is not None and cfg.mode != "sample":
         raise ValueError(f"--temperature {cfg.temperature:g}: only --mode sample draws at a temperature "
                          f"(--mode {cfg.mode} does not read it)")
+    if cfg.seed is not None and cfg.mode != "sample":
+        raise ValueError(f"--seed {cfg.seed}: only --mode sample draws with a seed (--mode {cfg.mode} does not read it)")
+    # the values, in the flags' own words (the decoder's checks would name its mode specs)
+    if cfg.k is not None and cfg.k < 1:
+        raise ValueError(f"--k {cfg.k}: the block size must be >= 1")
+    if cfg.eps is not None and not 0 <= cfg.eps <= 255:
+        raise ValueError(f"--eps {cfg.eps}: the tolerance must be in 0..255 intensity levels")
+    if cfg.temperature is not None and not (math.isfinite(cfg.temperature) and cfg.temperature > 0):
+        raise ValueError(f"--temperature {cfg.temperature:g}: must be a finite number above 0 "
+                         "(0 would be greedy decoding: --mode greedy)")
+    if cfg.seed is not None and not 0 <= cfg.seed < 2 ** 32:
+        raise ValueError(f"--seed {cfg.seed}: must be a whole number in 0..{2 ** 32 - 1}")
     eps = 2 if cfg.eps is None else cfg.eps
     temperature = 1.0 if cfg.temperature is None else cfg.temperature
     jobs, ignored, info = plan(cfg)
@@ -790,14 +802,17 @@ def run(cfg: Config) -> int:
     if swept:
         say(f"removed {swept} temporary file{'' if swept == 1 else 's'} that a killed run left")
     # a bad mode fails here, before the model loads (the options are made again with the model)
-    options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=cfg.seed)
+    seed = 0 if cfg.seed is None else cfg.seed
+    options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     up = Upscaler(cfg.weights, device=cfg.device, dtype=cfg.dtype)
     # the weights' default guidance where none is given; k beyond this model's heads etc.: a bad
     # argument, before any work
-    opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
+    if cfg.k is not None and cfg.k > up.max_k:
+        raise ValueError(f"--k {cfg.k}: these weights have {up.max_k} blockwise heads, so --k must be in 1..{up.max_k}")
+    opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=seed,
                       prior_weight=cfg.prior_weight)
     prior_weight, weights, device = opts.prior_weight, up.weights, up.device
     from .decoding import not_native
@@ -816,7 +831,7 @@ def run(cfg: Config) -> int:
 
     s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
     settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
-                "temperature": opts.temperature or None, "seed": cfg.seed if opts.temperature else None,
+                "temperature": opts.temperature or None, "seed": seed if opts.temperature else None,
                 "batch_size": cfg.batch_size, "prior_weight": prior_weight, "match_input": cfg.match_input, "device": device, "dtype": cfg.dtype, "shard": f"{shard_i}/{shard_n}",
                 "ssim": dict(SSIM_SETTINGS), "psnr": dict(PSNR_SETTINGS)}
     metrics = Metrics(mpath, settings, cfg.skip_existing, cfg.outdir)

@@ -394,6 +394,14 @@ def test_planning_rules(tmp_path, capsys, rng):
     # a flag the mode would not read is refused, not dropped
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--eps", "5"], "only --mode approx"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "approx", "--temperature", "0.5"], "only --mode sample"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--seed", "3"], "--seed 3: only --mode sample"),
+    # values out of range, in the flags' own words
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--k", "0"], "--k 0: the block size must be >= 1"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--k", "99"], "--k 99: these weights have 10 blockwise heads"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "approx", "--eps", "-1"], "--eps -1: the tolerance"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "sample", "--temperature", "inf"],
+     "--temperature inf: must be a finite number above 0"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "sample", "--seed", "-1"], "--seed -1: must be a whole"),
 ])
 def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, extra, message):
     monkeypatch.setattr(upscale, "decode_batch", lambda *a, **k: pytest.fail("decoded before refusing"))
