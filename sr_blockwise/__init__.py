@@ -10,3 +10,7 @@ def __getattr__(name: str):
         from .api import Upscaler
         return Upscaler
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])

@@ -78,7 +78,7 @@ def register(subparsers) -> None:
                         "first); none: no detection, the centre square (CelebA's crop for 178x218 photos). "
                         "8x8 and 32x32 images are always used as they are")
     p.add_argument("--no-face", default="centre", choices=NO_FACE,
-                   help="a photo where no face is found: centre (its centre square, with a warning; default) "
+                   help="a photo where no face is found: centre (its centre square, with a warning) "
                         "or skip (no output, listed in the summary)")
     p.add_argument("--paste-back", action="store_true",
                    help="also write NAME_pasted.EXT: the photo enlarged 4x, each face replaced by its result "

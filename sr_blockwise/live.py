@@ -289,8 +289,9 @@ def mode_label(mode: str, opts) -> str:
 def running_markdown(mode: str, opts, fr: Frame) -> str:
     steps = max(1, fr.calls - 1)  # the first call only proposes; every later one accepts a block
     return (f"**{mode_label(mode, opts)}**: decoding... {fr.done:,} / {GREEDY_CALLS:,} intensities\n\n"
-            f"model calls **{fr.calls:,}** (greedy: 1 per intensity) → **{fr.done / fr.calls:.1f}x fewer** "
-            f"so far · mean block **{fr.done / steps:.2f}** · **{fr.seconds:.2f} s**")
+            f"model calls **{fr.calls:,}** " + ("(one per intensity) " if opts.k == 1 else
+                                                 f"(greedy: 1 per intensity) → **{fr.done / fr.calls:.1f}x fewer** ")
+            + f"so far · mean block **{fr.done / steps:.2f}** · **{fr.seconds:.2f} s**")
 
 
 def result_stats(mode: str, opts, res) -> dict:
@@ -303,8 +304,10 @@ def result_stats(mode: str, opts, res) -> dict:
 
 def final_markdown(mode: str, opts, s: dict) -> str:
     lines = [f"**{mode_label(mode, opts)}**: done",
-             f"model calls **{s['calls']:,}** (greedy: {GREEDY_CALLS:,}) → **{s['speedup_calls']:.1f}x fewer** · "
-             f"mean block **{s['mean_block']:.2f}** · **{s['seconds']:.2f} s**"]
+             f"model calls **{s['calls']:,}** "
+             + ("(one per intensity)" if s["k"] == 1 else
+                f"(greedy: {GREEDY_CALLS:,}) → **{s['speedup_calls']:.1f}x fewer**")
+             + f" · mean block **{s['mean_block']:.2f}** · **{s['seconds']:.2f} s**"]
     if "speedup_wall" in s:
         lines.append(f"wall clock vs greedy run here: **{s['speedup_wall']:.1f}x** (one run each, while the page "
                      "draws frames: single runs vary widely; `sr-blockwise bench-decode` measures speed)")

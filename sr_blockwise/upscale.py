@@ -708,6 +708,10 @@ def decode_batch(up, lrs: np.ndarray, jobs: list[Job], opts, progress=None):
     return up.decode(lrs, opts, seeds=seeds, progress=progress)
 
 
+def _files(n: int) -> str:
+    return f"{n} file{'' if n == 1 else 's'}"
+
+
 def run(cfg: Config) -> int:
     """The whole command; returns the exit code (0 all done, 1 some failed, 130 interrupted).
     Bad arguments raise ValueError / FileNotFoundError (exit 2 in the CLI)."""
@@ -773,7 +777,7 @@ def run(cfg: Config) -> int:
 
     if info["total"] == 0:
         raise ValueError("no images found in " + ", ".join(cfg.inputs)
-                         + (f" ({len(ignored)} files without an image extension ignored)" if ignored else ""))
+                         + (f" ({_files(len(ignored))} without an image extension ignored)" if ignored else ""))
     mpath = metrics_path(cfg.metrics, info["shard"])
     done_before = [j for j in jobs if cfg.skip_existing and already_done(j)]
     skip = {id(j) for j in done_before}
@@ -784,7 +788,7 @@ def run(cfg: Config) -> int:
     say(f"{info['total']} image{'' if info['total'] == 1 else 's'} under {info['base']}"
         + (f", shard {shard_i}/{shard_n}: {len(jobs)}" if shard_n > 1 else "")
         + (f", {len(done_before)} already done" if done_before else "")
-        + (f"; ignored {len(ignored)} files without an image extension (e.g. {ignored[0]})" if ignored else "")
+        + (f"; ignored {_files(len(ignored))} without an image extension (e.g. {ignored[0]})" if ignored else "")
         + (f"; OUTDIR {cfg.outdir}, inside an input folder, is not searched for inputs"
            if info["outdir_inside"] else ""))
     no_gt = [j for j in todo if j.gt is None] if cfg.ground_truth else []

@@ -297,6 +297,13 @@ def test_every_command_takes_both_dtype_spellings():
             assert parser.parse_args(args + ["--dtype", spelling]).dtype == fp32, (prog, spelling)
 
 
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"sr-blockwise {version('sr-blockwise')}"
+
+
 def test_every_commands_help_gives_its_defaults():
     """`--help` of every command and subcommand says each option's default (once: none of
     argparse's '(default: None)' after a help that already says it)."""

@@ -24,8 +24,9 @@ from apps.examples import builtin_examples, celeba_examples
 from sr_blockwise import faces as F
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import BadImage, image_to_input, match_input, open_rgb
-from sr_blockwise.live import (FILL, Frame, block_map_image, compare, decode_live, parse_choice, partial_image,
-                               photo_view, prepare_input, read_photo, view_to_photo)
+from sr_blockwise.live import (FILL, Frame, block_map_image, compare, decode_live, final_markdown, parse_choice,
+                               partial_image, photo_view, prepare_input, read_photo, running_markdown,
+                               view_to_photo)
 from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT, decode, options_for
 
 K, EPS = 6, 8  # what the tests ask for; both decodes of the tiny model take a few seconds each
@@ -181,6 +182,19 @@ def test_frame_rendering():
     bmap = np.full(3072, 6)
     m = block_map_image(bmap, 3, 6)  # one pixel decoded, at the longest block: yellow
     assert tuple(m[0, 0]) == (253, 231, 37) and tuple(m[0, 1]) == (FILL,) * 3
+
+
+def test_stats_lines_count_calls_against_greedy_only_for_blocks():
+    """A blockwise decode's line says how many times fewer calls than greedy; greedy's own (k=1)
+    says one call per intensity, not "1.0x fewer"."""
+    greedy, exact = options_for("greedy"), options_for("exact", 4)
+    s = {"calls": 3072, "speedup_calls": 1.0, "mean_block": 1.0, "seconds": 0.2, "k": 1}
+    line = final_markdown("greedy", greedy, s)
+    assert "(one per intensity)" in line and "fewer" not in line
+    s.update(calls=1536, speedup_calls=2.0, mean_block=2.0, k=4)
+    assert "**2.0x fewer**" in final_markdown("exact", exact, s)
+    fr = Frame(np.zeros(3072, np.int64), 300, np.ones(3072, np.int64), 300, 0.1)
+    assert "fewer" not in running_markdown("greedy", greedy, fr) and "fewer" in running_markdown("exact", exact, fr)
 
 
 def test_compare_modes():

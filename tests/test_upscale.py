@@ -309,10 +309,12 @@ def test_the_first_line_says_what_the_run_leaves_out(tmp_path, capsys, rng):
     src, gt = tmp_path / "in", tmp_path / "gt"
     save(src / "a.png", tiny8(rng))
     save(gt / "other.png", tiny8(rng))
+    (src / "notes.txt").write_text("not an image")
     capsys.readouterr()
     assert main([str(src), "-o", str(src / "res"), "--ground-truth", str(gt), "--dry-run"]) == 0
     err = capsys.readouterr().err
     assert f"1 image under {src}" in err and f"OUTDIR {src / 'res'}, inside an input folder, is not searched" in err
+    assert f"ignored 1 file without an image extension (e.g. {src / 'notes.txt'})" in err
     assert "no ground truth in" in err and "for 1 of 1 inputs" in err
 
 

@@ -67,11 +67,20 @@ def _every_parser(parser):
                 yield from _every_parser(child)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("sr-blockwise")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
     p = argparse.ArgumentParser(prog="sr-blockwise", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES:
         if importlib.util.find_spec(name) is not None:
