@@ -114,6 +114,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                 lr_img = small_image("8x8: what the model sees", "lr", height=190)
                 note = gr.Markdown(elem_id="note")
                 choice = gr.Textbox("", label="Face", elem_id="choice", max_lines=1,
+                                    placeholder="empty: the largest face found",
                                     info="a number (1 = the largest face found), 'centre square', or a box "
                                          "'left, top, right, bottom' in the photo's pixels; set by a click on "
                                          "a face below, or on two corners of the photo")
