@@ -35,6 +35,7 @@ WARM_PRESET=${WARM_PRESET:-cpu}
 WARM_ARGS=${WARM_ARGS---lr 1e-3 --warmup 500 --schedule-offset 10000}  # split on spaces: no quotes inside
 FP32=${FP32:-0}               # 1: train and profile in float32, not under bf16 autocast (the CPU
                               # dry run: bf16 products are slow on CPUs without bf16 instructions)
+case "$FP32" in 0|1) ;; *) echo "FP32=$FP32: 0 (bf16 autocast) or 1 (float32)" >&2; exit 2;; esac
 OUT=${OUT:?set OUT to the folder that comes back}
 [ "$SCRATCH" = 0 ] && [ -z "$WARM_FROM" ] && { echo "SCRATCH=0 and no WARM_FROM: nothing to train" >&2; exit 2; }
 # a fresh checkpoint folder per run: a rerun on a still-warm machine must not find old runs

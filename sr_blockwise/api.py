@@ -18,6 +18,7 @@ Importing this module is cheap: torch is imported when an Upscaler is made.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,8 @@ class Upscaler:
         or error (data.BadImage) when no face is found. options: upscale()'s (mode, k, eps, ...)."""
         from . import faces as F
         img = _photo(photo)
+        if faces not in ("largest", "all", "none"):
+            raise ValueError(f"faces={faces!r}: choose from largest, all, none")
         boxes = _boxes(boxes)
         r = img.info.get("full_size", img.size)[0] / img.width  # the photo's own px per px read
         if faces == "none" and not boxes:
@@ -225,7 +228,8 @@ class Upscaler:
     def paste_back(photo, results: Sequence[FaceResult], scale: float | None = None) -> Image.Image:
         """The photo enlarged `scale` times (default: 4, less where that would pass 64 MP, as the
         batch command does), each face replaced by its result (warped back and blended in with a
-        feathered mask, faces.paste_back)."""
+        feathered mask, faces.paste_back). Every result given is pasted, a centre square too (the
+        batch command leaves out the centre square of a photo where no face was found)."""
         from . import faces as F
         if isinstance(results, FaceResult):
             results = [results]
@@ -253,7 +257,8 @@ def _boxes(boxes) -> list[tuple[float, ...]]:
     """Faces given by hand: one (left, top, right, bottom) box or a list of them -> a list of
     4-float tuples (ValueError saying what a box is otherwise)."""
     def number(v):
-        return isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
+        return (isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
+                and math.isfinite(v))
     if boxes is None:
         return []
     if isinstance(boxes, np.ndarray):

@@ -305,7 +305,7 @@ def result_stats(mode: str, opts, res) -> dict:
 def final_markdown(mode: str, opts, s: dict) -> str:
     lines = [f"**{mode_label(mode, opts)}**: done",
              f"model calls **{s['calls']:,}** "
-             + ("(one per intensity)" if s["k"] == 1 else
+             + ("(one per intensity)" if opts.k == 1 else
                 f"(greedy: {GREEDY_CALLS:,}) → **{s['speedup_calls']:.1f}x fewer**")
              + f" · mean block **{s['mean_block']:.2f}** · **{s['seconds']:.2f} s**"]
     if "speedup_wall" in s:

@@ -415,6 +415,8 @@ def _temp_name(path: Path) -> Path:
 
 
 def _alive(pid: int) -> bool:
+    if os.name == "nt":  # there os.kill ends the process whatever the signal: assume it lives
+        return True
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except (ProcessLookupError, OverflowError):  # none with that id (or an id no process has)
@@ -424,11 +426,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sweep_temp_files(folders) -> int:
+TEMP_STALE_S = 600  # a temporary file untouched this long is no write in progress (one takes seconds)
+
+
+def sweep_temp_files(folders, stale_s: float = TEMP_STALE_S) -> int:
     """Remove the temporary files that a process of this machine, killed while writing (SIGKILL,
-    out of memory), left in these folders; those of live processes and of other machines sharing
-    a folder stay. Returns how many were removed."""
-    removed = 0
+    out of memory), left in these folders: named by this machine and a process that is gone, and
+    untouched for stale_s seconds, so that a write in progress is never taken for one (containers
+    may share a host name but not their process ids). Those of live processes and of other
+    machines sharing a folder stay. Returns how many were removed."""
+    removed, now = 0, time.time()
     for folder in folders:
         try:
             names = [f.name for f in Path(folder).iterdir()]
@@ -436,12 +443,15 @@ def sweep_temp_files(folders) -> int:
             continue
         for name in names:
             m = _TEMP.fullmatch(name)
-            if m and m.group(1) == _HOST and not _alive(int(m.group(2))):
-                try:
-                    (Path(folder) / name).unlink()
+            if not (m and m.group(1) == _HOST and not _alive(int(m.group(2)))):
+                continue
+            path = Path(folder) / name
+            try:
+                if now - path.stat().st_mtime >= stale_s:
+                    path.unlink()
                     removed += 1
-                except OSError:
-                    pass
+            except OSError:
+                pass
     return removed
 
 

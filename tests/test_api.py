@@ -217,12 +217,15 @@ def test_face_boxes_and_paste_back_refuse_what_they_cannot_use(tiny):
     """Bad boxes and paste-back results are ValueErrors that say what is wanted, before any work;
     faces="none" takes the centre square, as the batch command's --faces none."""
     wall = np.full((60, 90, 3), 200, np.uint8)
-    for boxes in ([(1, 2, 3)], ["180,60,270,175"], [(1, 2, 3, None)], 5, [(0, 0, 10, True)]):
+    for boxes in ([(1, 2, 3)], ["180,60,270,175"], [(1, 2, 3, None)], 5, [(0, 0, 10, True)], [(0, 0, np.inf, 10)],
+                  [(0, np.nan, 10, 10)]):
         with pytest.raises(ValueError, match=r"a face box is \(left, top, right, bottom\), four numbers"):
             tiny.upscale_faces(wall, boxes=boxes, **FAST)
     (one,) = tiny.upscale_faces(wall, boxes=np.array([10, 10, 40, 40]), **FAST)  # one box, as an array
     assert one.box == (10, 10, 40, 40)
     (centre,) = tiny.upscale_faces(wall, faces="none", **FAST)
+    with pytest.raises(ValueError, match="choose from largest, all, none"):
+        tiny.upscale_faces(wall, faces="every")
     assert centre.face.how == "centre square"
     for results, named in ((None, "NoneType"), (tiny.upscale(wall, **FAST), "Image"),
                            ([Image.fromarray(wall)], "a list holding Image")):

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -642,8 +643,9 @@ def test_longest_legal_names_are_written(tmp_path, fast, rng):
 
 
 def test_a_killed_runs_temporary_file_is_removed_by_the_next_run(tmp_path, fast, capsys, rng):
-    """A process killed (SIGKILL) while writing leaves its hidden temporary file behind; the next
-    run into that folder removes it, and keeps those of a live process and of another machine."""
+    """A process killed (SIGKILL) while writing leaves its hidden temporary file behind; a later
+    run into that folder removes it once it is stale (untouched for upscale.TEMP_STALE_S), and
+    keeps those of a live process and of another machine."""
     src, out = tmp_path / "in", tmp_path / "out"
     save(src / "a.png", tiny8(rng))
     out.mkdir()
@@ -660,6 +662,12 @@ def test_a_killed_runs_temporary_file_is_removed_by_the_next_run(tmp_path, fast,
     other_host = "0" * 8 if upscale._HOST != "0" * 8 else "1" * 8
     elsewhere = out / f".{other_host}-{dead_pid}-{'ab' * 6}.tmp"  # a dead pid, on another machine
     elsewhere.write_bytes(b"")
+    # just killed: it might yet be a write in progress, of a process whose id is not seen here
+    assert main([str(src), "-o", str(out)] + fast) == 0
+    assert "that a killed run left" not in capsys.readouterr().err and killed.exists()
+    stale = time.time() - upscale.TEMP_STALE_S - 1
+    for f in (killed, live, elsewhere):
+        os.utime(f, (stale, stale))
     assert main([str(src), "-o", str(out)] + fast) == 0
     assert "removed 1 temporary file that a killed run left" in capsys.readouterr().err
     assert not killed.exists() and live.exists() and elsewhere.exists() and (out / "a.png").is_file()
