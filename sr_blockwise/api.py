@@ -208,15 +208,9 @@ class Upscaler:
         or error (data.BadImage) when no face is found. options: upscale()'s (mode, k, eps, ...)."""
         from . import faces as F
         img = _photo(photo)
-        if faces not in ("largest", "all", "none"):
-            raise ValueError(f"faces={faces!r}: choose from largest, all, none")
         boxes = _boxes(boxes)
         r = img.info.get("full_size", img.size)[0] / img.width  # the photo's own px per px read
-        if faces == "none" and not boxes:
-            found = [F.celeba_face(img) if img.size == (178, 218) else F.centre_face(img)]
-        else:  # boxes given: they are the faces, whatever `faces` says
-            found, _ = F.faces_of(img, "all" if faces == "none" else faces, [[v / r for v in b] for b in boxes],
-                                  if_none)
+        found, _ = F.faces_of(img, faces, [[v / r for v in b] for b in boxes], if_none)
         if not found:
             return []
         outs, stats = self.upscale([Image.fromarray(f.lr) for f in found], return_stats=True, **options)
@@ -233,11 +227,13 @@ class Upscaler:
         from . import faces as F
         if isinstance(results, FaceResult):
             results = [results]
-        if not isinstance(results, Sequence) or not all(isinstance(r, FaceResult) for r in results):
-            raise ValueError("results: the FaceResults that upscale_faces returned for this photo, got "
-                             + (type(results).__name__ if not isinstance(results, Sequence) else
-                                f"a {type(results).__name__} holding "
-                                + ", ".join(sorted({type(r).__name__ for r in results if not isinstance(r, FaceResult)}))))
+        if not isinstance(results, Sequence):
+            got = type(results).__name__
+        else:
+            others = sorted({type(r).__name__ for r in results if not isinstance(r, FaceResult)})
+            got = f"a {type(results).__name__} holding {', '.join(others)}" if others else None
+        if got:
+            raise ValueError(f"results: the FaceResults that upscale_faces returned for this photo, got {got}")
         img = _photo(photo)
         scale = F.paste_scale(img.size) if scale is None else scale
         return Image.fromarray(F.paste_back(img, [r.face for r in results], [np.asarray(r.image) for r in results], scale))

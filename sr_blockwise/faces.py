@@ -577,7 +577,7 @@ def paste_back(img: Image.Image, faces: list[Face], outputs, scale: float = PAST
 
 # ---------------------------------------------------------------- what every front end calls
 
-WHICH = ("largest", "all")
+WHICH = ("largest", "all", "none")  # none: no detection, the centre square (CelebA's crop for 178x218)
 IF_NONE = ("centre", "skip", "error")
 
 
@@ -586,8 +586,9 @@ def faces_of(img: Image.Image, which: str = "largest", boxes=(), if_none: str = 
     """A photo -> the faces to upscale, and a line saying what was found. `boxes` (left, top,
     right, bottom) are faces given by hand: they are used as they are, and detection is skipped.
     Otherwise the detected faces, largest first (`which`: all, or the largest alone, found
-    sooner: the search stops at it). No face found: `if_none` centre (the centre square), skip
-    (no faces) or error (BadImage)."""
+    sooner: the search stops at it; none: no detection, the centre square, or CelebA's crop of a
+    178x218 photo). No face found: `if_none` centre (the centre square), skip (no faces) or error
+    (BadImage)."""
     if which not in WHICH:
         raise ValueError(f"faces={which!r}: choose from {', '.join(WHICH)}")
     if if_none not in IF_NONE:
@@ -600,6 +601,9 @@ def faces_of(img: Image.Image, which: str = "largest", boxes=(), if_none: str = 
         return faces, f"{len(faces)} face{'s' * (len(faces) != 1)} from the given box{'es' * (len(faces) != 1)}"
     if img.size in ((8, 8), (32, 32)):  # the model's input, or a face at its size: used as it is
         return [as_is_face(img)], f"a {img.width}x{img.height} image: used as it is"
+    if which == "none":
+        face = celeba_face(img) if img.size == (178, 218) else centre_face(img)
+        return [face], face.how
     # the largest alone: the search stops at it, faces smaller than it are not looked for (mtcnn)
     found = find_faces(img, max_side, largest_only=which == "largest")
     if img.size == (178, 218):

@@ -38,6 +38,7 @@ import numpy as np
 from PIL import Image
 
 from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, image_to_input, match_input, open_rgb, read_input
+from .faces import WHICH as FACES  # --faces: largest, all, none
 from .metrics import PSNR_SETTINGS, SSIM_SETTINGS, psnr, ssim
 
 SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
@@ -48,7 +49,6 @@ SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
 METRIC_FIELDS = ["input", "output", "relative", "status", "reason", "mode", "k", "eps", "temperature", "seed",
                  "batch_size", "prior_weight", "match_input", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
                  "psnr_bicubic", "ssim_bicubic", "face", "framing", "box", "faces_note"]
-FACES = ("largest", "all", "none")  # --faces; none: no detection, the centre square (or CelebA's crop)
 NO_FACE = ("centre", "skip")  # --no-face: a photo without a face found
 # Pillow registers some formats it can only identify, not decode (or that need ghostscript)
 _NOT_DECODABLE = {".bufr", ".grib", ".h5", ".hdf", ".mpeg", ".mpg", ".eps", ".ps", ".wmf", ".emf"}
@@ -362,11 +362,9 @@ def load_photo(path: Path, which: str = "largest", no_face: str = "centre") -> P
         lr, face = image_to_input(img)
         return Photo(None, [(lr, face)], "as is")
     from . import faces as F
-    if which == "none":  # no detection: the centre square (CelebA's crop for 178x218), as data.photo_to_32 makes it
-        face = F.celeba_face(img) if img.size == (178, 218) else F.centre_face(img)
-        return Photo(img, [face], face.how)
     found, note = F.faces_of(img, which, if_none=no_face)
-    return Photo(img, found, note, warn=not found or found[0].how == "centre square")
+    # a warning where no face was found (--faces none asked for the centre square)
+    return Photo(img, found, note, warn=which != "none" and (not found or found[0].how == "centre square"))
 
 
 def load_ground_truth(path: Path, face=None, input_size: tuple[int, int] | None = None) -> np.ndarray:
@@ -718,8 +716,8 @@ def decode_batch(up, lrs: np.ndarray, jobs: list[Job], opts, progress=None):
     return up.decode(lrs, opts, seeds=seeds, progress=progress)
 
 
-def _files(n: int) -> str:
-    return f"{n} file{'' if n == 1 else 's'}"
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def run(cfg: Config) -> int:
@@ -787,7 +785,7 @@ def run(cfg: Config) -> int:
 
     if info["total"] == 0:
         raise ValueError("no images found in " + ", ".join(cfg.inputs)
-                         + (f" ({_files(len(ignored))} without an image extension ignored)" if ignored else ""))
+                         + (f" ({_count(len(ignored), 'file')} without an image extension ignored)" if ignored else ""))
     mpath = metrics_path(cfg.metrics, info["shard"])
     done_before = [j for j in jobs if cfg.skip_existing and already_done(j)]
     skip = {id(j) for j in done_before}
@@ -795,10 +793,10 @@ def run(cfg: Config) -> int:
     # a message names paths: their control characters escaped, as everywhere (a message is one line)
     say = (lambda *a: None) if cfg.quiet else (lambda msg: print(_shown(msg), file=sys.stderr))
     shard_i, shard_n = info["shard"]
-    say(f"{info['total']} image{'' if info['total'] == 1 else 's'} under {info['base']}"
+    say(f"{_count(info['total'], 'image')} under {info['base']}"
         + (f", shard {shard_i}/{shard_n}: {len(jobs)}" if shard_n > 1 else "")
         + (f", {len(done_before)} already done" if done_before else "")
-        + (f"; ignored {_files(len(ignored))} without an image extension (e.g. {ignored[0]})" if ignored else "")
+        + (f"; ignored {_count(len(ignored), 'file')} without an image extension (e.g. {ignored[0]})" if ignored else "")
         + (f"; OUTDIR {cfg.outdir}, inside an input folder, is not searched for inputs"
            if info["outdir_inside"] else ""))
     no_gt = [j for j in todo if j.gt is None] if cfg.ground_truth else []
@@ -814,7 +812,7 @@ def run(cfg: Config) -> int:
     swept = sweep_temp_files(sorted({p.parent for j in jobs for p in (j.out, j.compare, j.paste) if p}
                                     | ({Path(mpath).parent} if mpath else set())))
     if swept:
-        say(f"removed {swept} temporary file{'' if swept == 1 else 's'} that a killed run left")
+        say(f"removed {_count(swept, 'temporary file')} that a killed run left")
     # a bad mode fails here, before the model loads (the options are made again with the model)
     seed = 0 if cfg.seed is None else cfg.seed
     options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=seed)
