@@ -41,20 +41,22 @@ RULES = ("exact", "eps", "topk", "oracle")
 PROPOSALS = ("argmax", "window", "recycle")
 
 # One grammar for decode modes, read by the upscale options, evaluate, bench-decode and the rating
-# tool:   MODE[:k=K][:min-block=N][:w=G][:T=T][:seed=S]
+# tool:   MODE[:k=K][:min-block=N][:w=G][:guard=L][:T=T][:seed=S]
 # MODE is greedy (k=1), exact (recycled proposals), exact-heads (the paper's: the heads' alone),
 # oracle, eps=E, eps-window=E, top-k=N, min-block=N (the exact rule, at least N tokens a call) or
 # sample (temperature T > 0; k > 1 is speculative sampling). k: block
-# size; min-block=N after eps / top-k / oracle; w: input guidance (prior_weight, default 1); T and
-# seed: sampling only. Settings come in any order; every mode but greedy needs k (a caller may
-# fill it in: DecodeOptions.parse(spec, k=6)). DecodeOptions.spec writes the one canonical form:
+# size; min-block=N after eps / top-k / oracle; w: input guidance (prior_weight, default 1); guard:
+# the cell guard's tolerance in levels (default 0, off); T and seed: sampling only. Settings come
+# in any order; every mode but greedy needs k (a caller may fill it in:
+# DecodeOptions.parse(spec, k=6)). DecodeOptions.spec writes the one canonical form:
 # DecodeOptions.parse(o.spec) == o.
 SPEC_MODES = ("greedy", "exact", "exact-heads", "oracle", "sample", "eps=E", "eps-window=E", "top-k=N",
               "min-block=N")
-SPEC_HELP = ("MODE[:k=K][:min-block=N][:w=G][:T=T][:seed=S] with MODE one of " + ", ".join(SPEC_MODES)
+SPEC_HELP = ("MODE[:k=K][:min-block=N][:w=G][:guard=L][:T=T][:seed=S] with MODE one of " + ", ".join(SPEC_MODES)
              + " (e.g. exact:k=6, eps=2:k=6:w=2, sample:k=4:T=0.8)")
 _MODE_ALIASES = {"topk": "top-k", "minblock": "min-block", "epswindow": "eps-window", "exactheads": "exact-heads"}
-_KEYS = {"k": "k", "w": "w", "t": "T", "seed": "seed", "min-block": "min-block", "minblock": "min-block"}
+_KEYS = {"k": "k", "w": "w", "guard": "guard", "t": "T", "seed": "seed", "min-block": "min-block",
+         "minblock": "min-block"}
 _INT = re.compile(r"[+-]?\d+")
 
 
@@ -103,6 +105,12 @@ class DecodeOptions:
     # than 1 and lengthens blocks; large weights give the blocky nearest-neighbour upscale).
     # Exact mode equals greedy decoding at the same weight.
     prior_weight: float = 1.0
+    # the cell guard (cell_guard): > 0 pulls a 4x4 cell back while it is decoded once its mean
+    # would end up more than this many levels off the cell's 8x8 input pixel, as in greedy
+    # decoding's collapses and rarely in real faces (experiments/cell-guard/); 0: off, the model
+    # as trained. It acts on p1 (the heads propose unguarded): exact mode equals greedy decoding
+    # with the same guard.
+    guard: float = 0.0
 
     def __post_init__(self):
         if self.propose is None:
@@ -145,6 +153,8 @@ class DecodeOptions:
                              "choices, which only the exact rule keeps as they are)")
         if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
             raise ValueError(f"prior_weight must be a number >= 0, got {self.prior_weight}")
+        if not (math.isfinite(self.guard) and self.guard >= 0):
+            raise ValueError(f"guard must be a number of levels >= 0 (0: off), got {self.guard}")
 
     def check(self, model: ImageTransformerSR) -> None:
         self.validate()
@@ -183,6 +193,8 @@ class DecodeOptions:
             parts.append(f"min-block={self.min_block}")
         if self.prior_weight != 1:
             parts.append(f"w={_spec_number(self.prior_weight)}")
+        if self.guard:
+            parts.append(f"guard={_spec_number(self.guard)}")
         if self.temperature > 0:
             parts.append(f"T={_spec_number(self.temperature)}")
             if self.seed != 0:
@@ -190,10 +202,11 @@ class DecodeOptions:
         return ":".join(parts)
 
     @classmethod
-    def parse(cls, spec: str, k: int | None = None, prior_weight: float | None = None) -> "DecodeOptions":
-        """A decode-mode spec (see SPEC_HELP) -> DecodeOptions. k, prior_weight: the block size and
-        input guidance where the spec gives none (e.g. from a separate --k list or --prior-weight
-        flag). Raises ValueError naming what is wrong."""
+    def parse(cls, spec: str, k: int | None = None, prior_weight: float | None = None,
+              guard: float | None = None) -> "DecodeOptions":
+        """A decode-mode spec (see SPEC_HELP) -> DecodeOptions. k, prior_weight, guard: the block
+        size, input guidance and cell guard where the spec gives none (e.g. from a separate --k
+        list or --prior-weight flag). Raises ValueError naming what is wrong."""
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(f"empty decode mode: use {SPEC_HELP}")
         head, *settings = [p.strip() for p in spec.strip().split(":")]
@@ -230,8 +243,8 @@ class DecodeOptions:
             key, eq, value = item.partition("=")
             key = _KEYS.get(key.strip().lower())
             if not eq or key is None:
-                raise ValueError(f"decode mode {spec!r}: unknown setting {item!r}; use k=K, w=G, T=T, seed=S "
-                                 f"or min-block=N")
+                raise ValueError(f"decode mode {spec!r}: unknown setting {item!r}; use k=K, w=G, guard=L, T=T, "
+                                 f"seed=S or min-block=N")
             if key in given or (key == "min-block" and "min_block" in fields):
                 raise ValueError(f"decode mode {spec!r}: {key} is given twice")
             given[key] = value.strip()
@@ -255,6 +268,12 @@ class DecodeOptions:
                 raise ValueError(f"decode mode {spec!r}: w (the input guidance) must be >= 0")
         elif prior_weight is not None:
             fields["prior_weight"] = float(prior_weight)
+        if "guard" in given:
+            fields["guard"] = number("guard", given["guard"])
+            if fields["guard"] < 0:
+                raise ValueError(f"decode mode {spec!r}: guard (levels) must be >= 0 (0: off)")
+        elif guard is not None:
+            fields["guard"] = float(guard)
         if name == "sample":
             if "T" not in given:
                 raise ValueError(f"decode mode {spec!r}: sample needs a temperature, e.g. {spec}:T=0.8")
@@ -420,6 +439,58 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
     return _finish(s, progress)
 
 
+# ---------------------------------------------------------------- the cell guard
+
+# how steeply the cell guard's penalty grows: nats per level of the cell's mean offset past the
+# tolerance (experiments/cell-guard/)
+GUARD_SLOPE = 1.0
+
+
+def _cell_tables() -> tuple[torch.Tensor, torch.Tensor]:
+    """For each position: the 16 positions of its 4x4 cell and channel, in decoding order
+    (3072, 16), and the index of its cell's pixel in the 8x8 input's 192 intensities (3072,)."""
+    p = torch.arange(SEQ_LEN)
+    row, col, ch = p // 96, (p // 3) % 32, p % 3
+    dr, dc = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
+    cell = (row[:, None] // 4 * 4 + dr) * 96 + (col[:, None] // 4 * 4 + dc) * 3 + ch[:, None]
+    return cell, (row // 4) * 24 + (col // 4) * 3 + ch
+
+
+CELL_POSITIONS, CELL_INPUT = _cell_tables()
+
+
+def cell_guard(logits: torch.Tensor, src: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor,
+               guard: float) -> torch.Tensor:
+    """p1's logits (B, ..., 256) at positions pos (B, ...) with the cell guard: at each intensity
+    v, minus GUARD_SLOPE * max(0, |D + v - x| / 16 - guard), where x is the 8x8 input's (src (B,
+    192)) pixel under the position and D the sum of (token - x) over the positions of its 4x4
+    cell and channel before it: the cell's mean offset from x if its other pixels came out at x.
+    tokens (B, >= max(pos)) hold every token before each position. A greedy decode that
+    collapses drifts a cell's mean far off its input pixel (the final mean of a real face's cell
+    is its input pixel, and its running D / 16 stays under 55 levels: experiments/cell-guard/);
+    the guard pulls the cell back once it is past `guard` levels and leaves every other
+    position's logits as they are. guard 0: the logits unchanged."""
+    if not guard:
+        return logits
+    B = pos.shape[0]
+    pos = pos.clamp(max=SEQ_LEN - 1)
+    x = src.gather(1, CELL_INPUT.to(pos.device)[pos].reshape(B, -1)).view_as(pos)
+    cell = CELL_POSITIONS.to(pos.device)[pos]  # (B, ..., 16)
+    decoded = tokens.gather(1, cell.reshape(B, -1)).view_as(cell)
+    D = ((decoded - x[..., None]) * (cell < pos[..., None])).sum(-1)
+    v = torch.arange(logits.shape[-1], device=logits.device)
+    over = (D[..., None] + v - x[..., None]).abs().to(logits.dtype) / 16 - guard
+    return logits - GUARD_SLOPE * over.clamp(min=0)
+
+
+def _with_block(s: "_Batch", rows: torch.Tensor, tr: torch.Tensor) -> torch.Tensor:
+    """Images rows' tokens (b, 3072 + k) with the block being verified written after their
+    confirmed tr: every token before each position the call predicts."""
+    tokens = s.out[rows].clone()
+    tokens.scatter_(1, tr[:, None] + torch.arange(s.k, device=tr.device), s.props)
+    return tokens
+
+
 # ---------------------------------------------------------------- the torch engine's stages
 
 @dataclass
@@ -497,8 +568,14 @@ def _verify(model, s: _Batch, opts: DecodeOptions):
     s.calls[rows.cpu()] += 1
     ar = torch.arange(k, device=h.device)
     verified = None
+    pos = (tr + 1)[:, None] + ar
+
+    def p1_logits():  # at the k positions the call predicts, guarded where opts.guard says
+        z = model.logits(h, s.src[rows], pos, opts.prior_weight)
+        return cell_guard(z, s.src[rows], pos, _with_block(s, rows, tr), opts.guard) if opts.guard else z
+
     if s.speculative:
-        plog = model.logits(h, s.src[rows], (tr + 1)[:, None] + ar, opts.prior_weight)
+        plog = p1_logits()
         u = s.gen[1][rows[:, None], (tr[:, None] + ar[1:]).clamp(max=SEQ_LEN - 1)]
         n = speculative_accepted_length(s.props, plog, s.qlog, u, opts.temperature)
         # the next block's sure token: p1's logits there are this call's (no second out_proj),
@@ -506,7 +583,7 @@ def _verify(model, s: _Batch, opts: DecodeOptions):
         b_ar = torch.arange(len(rows), device=h.device)
         verified = (plog[b_ar, n - 1], s.qlog[b_ar, (n - 1).clamp(max=k - 2)], n < k)
     elif k > 1:
-        logits = model.logits(h, s.src[rows], (tr + 1)[:, None] + ar, opts.prior_weight)
+        logits = p1_logits()
         n = accepted_length(s.props, logits, opts)
         if opts.propose == "recycle":
             # the next block's sure token is p1's argmax at n - 1; its proposals at positions
@@ -564,7 +641,7 @@ def _decode_native(model, lr, opts, progress, progress_every, proposer, seeds=No
     t0 = time.perf_counter()
     src = torch.from_numpy(to_tokens(lr)).cpu()
     B, k = len(lr), opts.k
-    batch = native.Batch(model, src, k, opts.prior_weight)
+    batch = native.Batch(model, src, k, opts.prior_weight, opts.guard, GUARD_SLOPE)
     window = opts.eps if opts.propose == "window" and opts.eps > 0 else 0
     if opts.temperature > 0:
         batch.sample_with(_sampling_noise(B, opts, "cpu", seeds, speculative=k > 1))
@@ -708,7 +785,7 @@ def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, verifi
     """k proposals from the decoder state h (b, d) that predicts position t (b,) of images `rows`
     of the batch's input src, whose confirmed tokens are out[rows, :t], at guidance weight w
     (opts.prior_weight, as decode passes it). The first is always
-    p1's own choice (so it needs no verification); the others come from the heads, or from
+    p1's own choice, with the cell guard where opts has it (so it needs no verification); the others come from the heads, or from
     `proposer(t, rows, k)` -> (b, k-1) tokens when one is given (e.g. a draft model).
     Sampling (gen: _sampling_noise's tables): the first token is p1's sample; heads 2..k then
     sample their drafts. verified: after a speculative call, (p1's logits at h (b, 256), the
@@ -716,9 +793,12 @@ def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, verifi
     the first token is drawn from max(0, p1 - q). recycled: (tokens (b, k-1), counts (b,)): the
     first counts[i] proposals after the sure token are given (opts.propose "recycle"; _verify).
     -> (proposals (b, k), the drafts' logits (b, k-1, 256) when sampling with k > 1, else None)."""
+    def p1(z):  # p1's logits z at t, guarded where opts.guard says
+        return cell_guard(z, src[rows], t, out[rows], opts.guard) if opts.guard else z
+
     if opts.temperature > 0:
         T = opts.temperature
-        raw = model.logits(h, src[rows], t, w) if verified is None else verified[0]
+        raw = p1(model.logits(h, src[rows], t, w)) if verified is None else verified[0]
         logits = raw.float() / T
         if verified is not None:
             residual = residual_logits(raw, verified[1], T)
@@ -734,12 +814,14 @@ def _propose(model, h, k, opts, w, gen, t, rows, src, out, proposer=None, verifi
         return model.draft_heads(h, k, src[rows], t, out[rows], lambda z, i: (z.float() + noise[:, i]).argmax(-1),
                                  w, with_logits=True, first=first)
     if proposer is None:
-        # p1's own choice is always its argmax: it is the sure token
+        # p1's own choice is always its argmax: it is the sure token (draft_heads computes it
+        # unguarded, so with the guard it is given)
         window = opts.propose == "window" and opts.eps > 0
+        first = p1(model.logits(h, src[rows], t, w)).argmax(-1) if opts.guard else None
         return model.draft_heads(h, k, src[rows], t, out[rows],
                                  (lambda z, i: window_centre(z, opts.eps)) if window else None, w,
-                                 given=recycled), None
-    first = model.logits(h, src[rows], t, w).argmax(-1, keepdim=True)
+                                 first=first, given=recycled), None
+    first = p1(model.logits(h, src[rows], t, w)).argmax(-1, keepdim=True)
     return (torch.cat([first, proposer(t, rows, k).to(first)], dim=1) if k > 1 else first), None
 
 
@@ -826,6 +908,16 @@ def default_prior_weight(model: ImageTransformerSR) -> float:
 
 
 MODES = ("greedy", "exact", "approx", "sample")
+# the cell guard's tolerance the apps (upscale, the demo, Upscaler) decode greedy, exact and
+# approximate mode with unless told otherwise: measured on 1,024 held-out faces
+# (experiments/cell-guard/)
+DEFAULT_GUARD = 32.0
+
+
+def default_guard(mode: str) -> float:
+    """The apps' cell guard for a mode (MODES): DEFAULT_GUARD where it was measured (greedy,
+    exact, approx); sampling draws from the model's own distribution (0)."""
+    return 0.0 if mode == "sample" else DEFAULT_GUARD
 # the prior weight the apps (upscale, demo) decode with unless told otherwise: measured on 96
 # held-out faces (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
@@ -841,17 +933,18 @@ DEFAULT_K = {"greedy": 1, "exact": 2, "approx": 4, "sample": 4}
 
 
 def options_for(mode: str, k: int | None = None, eps: int = 2, temperature: float = 1.0, seed: int = 0,
-                prior_weight: float | None = None) -> DecodeOptions:
+                prior_weight: float | None = None, guard: float | None = None) -> DecodeOptions:
     """The user-facing modes (upscale's --mode and its flags, the demo, Upscaler.options), as
     decode-mode specs: greedy (k=1), exact (exact:k=K, identical to greedy), approx
     (eps-window=E:k=K: a token within E levels of greedy's choice is kept, the heads proposing the
     centre of their most probable window, which gave longer blocks and a closer PSNR than their
     argmax: experiments/window-proposals/), sample (sample:k=K:T=T:seed=S; k > 1 by speculative
     sampling, with plain sampling's distribution); all at the given input-prior weight (w=G;
-    None: DecodeOptions' default, 1). k None: the mode's DEFAULT_K."""
+    None: DecodeOptions' default, 1) and cell guard (guard=L; None: DecodeOptions' default, 0,
+    off). k None: the mode's DEFAULT_K."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
     k = DEFAULT_K[mode] if k is None else k
     spec = {"greedy": "greedy", "exact": f"exact:k={k}", "approx": f"eps-window={eps}:k={k}",
             "sample": f"sample:k={k}:T={temperature}:seed={seed}"}[mode]
-    return DecodeOptions.parse(spec if prior_weight is None else f"{spec}:w={prior_weight}")
+    return DecodeOptions.parse(spec, prior_weight=prior_weight, guard=guard)

@@ -190,6 +190,7 @@ struct Engine {
     const float* pos_emb;  // (B, S, d): position (+ lr_skip) part of the decoder input
     const int32_t* cell;   // (B, S): the 8x8 input's intensity under each position
     float prior_weight;
+    float guard, guard_slope;  // the cell guard on p1 (add_cell_guard; slope 0: off)
     float* work;  // workspace for B * MAXK rows (engine.py sizes it: work_floats)
     int threads;  // OpenMP threads a call runs on
     // sampling: Gumbel noise for each position's sure token (B, S, 256); speculative sampling
@@ -1212,6 +1213,25 @@ static void p1_logits(const Engine* E, int m, const int* imgs, int n, const int*
     }
 }
 
+// The cell guard (decoding.cell_guard): p1's logits z (256) at position p of image b lose
+// guard_slope * max(0, |D + v - x| / 16 - guard) at each intensity v, where x is the 8x8 input's
+// intensity under p and D the sum of (token - x) over the positions of p's 4x4 cell and channel
+// before p. The tokens before position t are toks', from t on the call's own inputs blk (blk[0]
+// at t).
+static void add_cell_guard(const Engine* E, int b, int p, const int64_t* toks, int t, const int64_t* blk, float* z) {
+    const int x = E->cell[(size_t)b * S + p], ch = p % 3, row = p / 96, col = (p / 3) % 32;
+    int D = 0;
+    for (int r = row / 4 * 4; r <= row; r++)
+        for (int c = col / 4 * 4; c < col / 4 * 4 + 4; c++) {
+            const int q = r * 96 + c * 3 + ch;
+            if (q < p) D += (int)(q < t ? toks[q] : blk[q - t]) - x;
+        }
+    for (int v = 0; v < V; v++) {
+        const float over = (float)std::abs(D + v - x) / 16.0f - E->guard;
+        if (over > 0) z[v] -= E->guard_slope * over;
+    }
+}
+
 static inline int argmax(const float* z) {
     int best = 0;
     for (int v = 1; v < V; v++) if (z[v] > z[best]) best = v;
@@ -1430,6 +1450,10 @@ extern "C" void engine_start(const Engine* E, const Options* o, int n, const int
         const ThreadBuf tb(E);
         const float* h = step(E, n, imgs, 1, start, 1, zero, w, tb);
         p1_logits(E, n, imgs, 1, zero, h, w.z);
+        if (E->guard_slope > 0) {  // position 0: no token before it in its cell
+            #pragma omp for schedule(static)
+            for (int i = 0; i < n; i++) add_cell_guard(E, imgs[i], 0, nullptr, 0, nullptr, w.z + (size_t)i * V);
+        }
         #pragma omp for schedule(static)
         for (int i = 0; i < n; i++)
             ptrs[n + i][0] = o->rule == SAMPLE ? sample_first(E, o, imgs[i], 0, w.z + (size_t)i * V, nullptr)
@@ -1456,6 +1480,13 @@ static void call_images(const Engine* E, const Options* o, int m, const int* img
     const ThreadBuf tb(E);
     const float* h = step(E, m, imgs, k, pk, k, pos, w, tb);
     p1_logits(E, m, imgs, k, pos, h, w.z);
+    if (E->guard_slope > 0) {  // row j of image i predicts position pos[i] + j, after pk[i][0..j]
+        #pragma omp for schedule(static)
+        for (int r = 0; r < m * k; r++) {
+            const int i = r / k, b = imgs[i], p = pos[i] + r % k;
+            if (p < S) add_cell_guard(E, b, p, toks + (size_t)b * toks_len, pos[i] - 1, pk + (size_t)i * k, w.z + (size_t)r * V);
+        }
+    }
     mark(E, ST_LOGITS);
     #pragma omp for schedule(static)
     for (int i = 0; i < m; i++) {

@@ -62,6 +62,7 @@ class _Engine(ctypes.Structure):
                 + [(n, ctypes.POINTER(ctypes.c_void_p)) for n in ("k_cache", "v_cache", "enc_k", "enc_v")]
                 + [("n_src", ctypes.c_int),
                    ("pos_emb", _F), ("cell", ctypes.POINTER(ctypes.c_int32)), ("prior_weight", ctypes.c_float),
+                   ("guard", ctypes.c_float), ("guard_slope", ctypes.c_float),
                    ("work", _F), ("threads", ctypes.c_int)]
                 + [(n, _F) for n in ("noise_first", "noise_accept", "noise_draft", "qlog")]
                 + [("stage_ticks", ctypes.POINTER(ctypes.c_double))])
@@ -299,7 +300,8 @@ class Batch:
     """The per-image state of one batch: KV caches, the encoder's cross-attention K/V, each
     position's input embedding, and the decoded tokens, block map and counters."""
 
-    def __init__(self, model: ImageTransformerSR, src: torch.Tensor, k: int, prior_weight: float = 1.0):
+    def __init__(self, model: ImageTransformerSR, src: torch.Tensor, k: int, prior_weight: float = 1.0,
+                 guard: float = 0.0, guard_slope: float = 0.0):
         if not 1 <= k <= MAX_TOKENS:
             raise ValueError(f"the native engine feeds 1..{MAX_TOKENS} tokens per call, got k={k}")
         weights = packed(model)
@@ -331,6 +333,8 @@ class Batch:
         e.B, e.cache_len, e.n_src = B, cache_len, SRC_LEN
         e.pos_emb, e.cell = _ptr(self.pos_emb), _ptr(self.cell, ctypes.POINTER(ctypes.c_int32))
         e.prior_weight = float(prior_weight)
+        # the cell guard on p1 (decoding.cell_guard; slope 0: off)
+        e.guard, e.guard_slope = float(guard), float(guard_slope) if guard else 0.0
         G_f = model.heads.f if model.heads is not None else 16
         self.work = torch.empty(library().engine_work_floats(B, d, cfg.d_ff, G_f))
         e.work = _ptr(self.work)

@@ -117,6 +117,10 @@ class Condition:
         return self.options().prior_weight if self.decoded else 1.0
 
     @property
+    def guard(self) -> float:
+        return self.options().guard if self.decoded else 0.0
+
+    @property
     def temperature(self) -> float:
         return self.options().temperature if self.decoded else 0.0
 
@@ -327,10 +331,12 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
     seeds = {c.name: sample_seeds(seed, c.name, need) for c in conds if c.rule == "sample"}
 
     def described(c: Condition) -> dict:
-        # prior_weight only where it is not 1 and the sampling fields only for samples: a study
-        # without them has the same manifest and id whichever version built it
+        # prior_weight only where it is not 1, guard where there is one and the sampling fields
+        # only for samples: a study without them has the same manifest and id whichever version
+        # built it
         return ({"name": c.name, "rule": c.rule, "k": c.k, "eps": c.eps, "weights": c.weights, "dir": dirs[c.name]}
                 | ({"prior_weight": c.prior_weight} if c.prior_weight != 1 else {})
+                | ({"guard": c.guard} if c.guard else {})
                 | ({"temperature": c.temperature, "seeds": seeds[c.name]} if c.name in seeds else {}))
 
     settings = {
@@ -1010,10 +1016,12 @@ def table3(res: dict) -> str:
         a, b = pair
         if a.rule not in ("exact", "eps") or b.rule != "greedy":
             continue
-        # guided conditions get their own columns, without the paper's numbers (it had no guidance)
-        guided = lambda c: "" if c.prior_weight == 1 else f":w={c.prior_weight:g}"
+        # guided or guarded conditions get their own columns, without the paper's numbers (it had
+        # neither)
+        guided = lambda c: ("" if c.prior_weight == 1 else f":w={c.prior_weight:g}") + \
+            (f":guard={c.guard:g}" if c.guard else "")
         key = (a.mode + guided(a), a.weights, b.weights + guided(b))
-        cols.setdefault(key, a.prior_weight == 1 and b.prior_weight == 1)
+        cols.setdefault(key, not guided(a) and not guided(b))
         rows.setdefault(a.k, {})[key] = c
     if not cols:
         return "(no comparison of a k>1 condition against greedy in this study)\n"
@@ -1074,7 +1082,7 @@ def same_distribution(a: Condition, b: Condition) -> bool:
     if a.rule != "sample" or b.rule != "sample" or a.weights != b.weights:
         return False
     oa, ob = a.options(), b.options()
-    return (oa.temperature, oa.prior_weight) == (ob.temperature, ob.prior_weight)
+    return (oa.temperature, oa.prior_weight, oa.guard) == (ob.temperature, ob.prior_weight, ob.guard)
 
 
 def report_markdown(res: dict) -> str:

@@ -7,9 +7,9 @@ import torch
 
 from conftest import make_tiny
 from sr_blockwise import engine as native
-from sr_blockwise.decoding import (DecodeOptions, _sampling_noise, accepted_length, decode, exact_block_stats,
-                                   greedy, options_for, residual_logits, speculative_accepted_length,
-                                   window_centre)
+from sr_blockwise.decoding import (GUARD_SLOPE, DecodeOptions, _sampling_noise, accepted_length, cell_guard, decode,
+                                   exact_block_stats, greedy, options_for, residual_logits,
+                                   speculative_accepted_length, window_centre)
 from sr_blockwise.data import to_tokens
 from sr_blockwise.model import SEQ_LEN
 
@@ -335,13 +335,14 @@ def test_an_outside_proposer_overrides_recycling():
 
 
 @needs_engine
-@pytest.mark.parametrize("eps", [2, 20])
-def test_window_proposals_agree_between_engines(eps):
+@pytest.mark.parametrize("eps, guard", [(2, 0), (20, 0), (2, 4)])
+def test_window_proposals_agree_between_engines(eps, guard):
     """The engine's window centres (float32, 16 values at a time, zeros past both ends) are the
-    PyTorch path's (window_centre): the same blocks and outputs on a small float32 model."""
+    PyTorch path's (window_centre): the same blocks and outputs on a small float32 model; with the
+    cell guard too (the engine's add_cell_guard is decoding.cell_guard)."""
     m = make_tiny(3).for_inference(torch.float32)
     lr = np.random.default_rng(3).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
-    opts = DecodeOptions.parse(f"eps-window={eps}:k=4")
+    opts = DecodeOptions.parse(f"eps-window={eps}:k=4:guard={guard}")
     a, b = decode(m, lr, opts, engine="native"), decode(m, lr, opts, engine="torch")
     np.testing.assert_array_equal(a.images, b.images)
     assert [s.block_hist for s in a.stats] == [s.block_hist for s in b.stats]
@@ -376,14 +377,15 @@ def test_recycled_proposals_are_p1s_argmax_past_the_rejection():
 
 
 @needs_engine
-@pytest.mark.parametrize("k, T", [(4, 1.0), (4, 0.8), (6, 0.5)])
-def test_native_sampling_draws_what_the_torch_engine_draws(k, T):
+@pytest.mark.parametrize("k, T, guard", [(4, 1.0, 0), (4, 0.8, 0), (6, 0.5, 0), (4, 1.0, 4)])
+def test_native_sampling_draws_what_the_torch_engine_draws(k, T, guard):
     """The engines share the noise tables and the rule (speculative acceptance, the residual after a
     rejection), so on a small float32 model, whose logits the two compute alike to ~1e-6, they
-    draw the same samples with the same blocks (no near-tie flips on these seeds)."""
+    draw the same samples with the same blocks (no near-tie flips on these seeds), with the cell
+    guard too."""
     m = make_tiny(9).for_inference(torch.float32)
     lr = np.random.default_rng(9).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
-    opts = DecodeOptions(k=k, temperature=T, seed=3)
+    opts = DecodeOptions(k=k, temperature=T, seed=3, guard=guard)
     a, b = decode(m, lr, opts, engine="native"), decode(m, lr, opts, engine="torch")
     np.testing.assert_array_equal(a.images, b.images)
     assert [s.block_hist for s in a.stats] == [s.block_hist for s in b.stats]
@@ -486,6 +488,55 @@ def test_prior_weight_is_refused_where_it_means_nothing():
         decode(make_tiny(0).for_inference(torch.float32), lr, DecodeOptions(prior_weight=-1.0))
 
 
+def test_the_cell_guard_is_its_definition():
+    """cell_guard against the rule written out position by position: D sums (token - x) over the
+    positions of the same 4x4 cell and channel before the position, whatever the tokens at and
+    after it; every intensity v loses GUARD_SLOPE * max(0, |D + v - x| / 16 - guard)."""
+    g = torch.Generator().manual_seed(0)
+    B = 2
+    src = torch.randint(0, 256, (B, 192), generator=g)
+    tokens = torch.randint(0, 256, (B, SEQ_LEN + 4), generator=g)
+    # a cell's first position (nothing before it), its last, a first-row and a mid-cell position
+    pos = torch.tensor([[0, 3 * 96 + 3 * 3 + 2, 97, 5 * 96 + 30 * 3 + 1], [3071, 96 * 4, 2 * 96 + 17 * 3, 50]])
+    logits = torch.randn(B, 4, 256, generator=g, dtype=torch.float64)
+    got = cell_guard(logits, src, pos, tokens, 20.0)
+    for b in range(B):
+        for i, p in enumerate(pos[b].tolist()):
+            row, col, ch = p // 96, (p // 3) % 32, p % 3
+            x = int(src[b, (row // 4) * 24 + (col // 4) * 3 + ch])
+            D = sum(int(tokens[b, r * 96 + c * 3 + ch]) - x
+                    for r in range(row // 4 * 4, row // 4 * 4 + 4) for c in range(col // 4 * 4, col // 4 * 4 + 4)
+                    if r * 96 + c * 3 + ch < p)
+            want = logits[b, i] - GUARD_SLOPE * ((D + torch.arange(256) - x).abs() / 16 - 20.0).clamp(min=0)
+            torch.testing.assert_close(got[b, i], want.to(torch.float64))
+    later = tokens.clone()
+    later[:, 3 * 96 + 3 * 3 + 2:] = 255 - later[:, 3 * 96 + 3 * 3 + 2:]  # from the second position on
+    assert torch.equal(cell_guard(logits[:1, :2], src[:1], pos[:1, :2], later[:1], 20.0), got[:1, :2])
+    assert torch.equal(cell_guard(logits, src, pos, tokens, 0), logits)
+    # a cell's last pixel after 15 pixels 40 levels above its input pixel (D / 16 = 37.5): the
+    # guard pulls below the input, and values further above lose more
+    zero = torch.zeros(1, 256, dtype=torch.float64)
+    z = cell_guard(zero, torch.full((1, 192), 100), torch.tensor([3 * 96 + 3 * 3]), torch.full((1, SEQ_LEN), 140), 20.0)
+    assert z[0, 255] < z[0, 200] < z[0, 100] < z[0, 0] < 0
+    assert torch.equal(cell_guard(zero, torch.full((1, 192), 100), torch.tensor([0]), torch.full((1, SEQ_LEN), 140), 20.0), zero)
+
+
+@pytest.mark.parametrize("engine", [NATIVE, "torch"])
+def test_guarded_exact_and_approximate_decoding_follow_guarded_greedy(setup64, engine):
+    """The cell guard is part of p1's distribution: it changes greedy decoding, exact blockwise
+    decoding (recycled and heads' proposals, an outside proposer) still equals guarded greedy on
+    either engine, and the eps rule keeps every token within eps of guarded greedy's choice."""
+    m, lr, g = setup64
+    guarded = decode(m, lr, DecodeOptions(k=1, guard=4), engine=engine)
+    assert not np.array_equal(guarded.images, g.images)  # the guard does something
+    for opts in (DecodeOptions(k=4, guard=4), DecodeOptions(k=3, guard=4, propose="argmax")):
+        np.testing.assert_array_equal(decode(m, lr, opts, engine=engine).images, guarded.images)
+    prop = oracle_proposer(to_tokens(guarded.images), wrong_rate=0.15, seed=3)
+    r = decode(m, lr, DecodeOptions(k=6, guard=4), proposer=prop, engine=engine)
+    np.testing.assert_array_equal(r.images, guarded.images)
+    assert all(s.mean_block > 1.5 for s in r.stats)
+
+
 # ---------------------------------------------------------------- the decode-mode grammar
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
@@ -500,16 +551,17 @@ def valid_options(draw):
     """Every kind of valid DecodeOptions: each mode, with or without guidance, min_block, seeds."""
     k = draw(st.integers(1, 16))
     w = draw(st.one_of(st.just(1.0), _numbers))
+    guard = draw(st.one_of(st.just(0.0), _numbers))
     kind = draw(st.sampled_from(["exact", "exact-heads", "eps", "window", "topk", "oracle", "sample"]))
     if kind == "sample":
         return DecodeOptions(k=k, temperature=draw(_numbers.filter(lambda t: t > 0)),
-                         seed=draw(st.integers(0, 2**32 - 1)), prior_weight=w)
+                             seed=draw(st.integers(0, 2**32 - 1)), prior_weight=w, guard=guard)
     mb = draw(st.integers(1, k))
     fields = {"exact": {}, "exact-heads": {"propose": "argmax"}, "oracle": {"rule": "oracle"},
               "eps": {"rule": "eps", "eps": draw(st.integers(0, 255))},
               "window": {"rule": "eps", "eps": draw(st.integers(0, 255)), "propose": "window"},
               "topk": {"rule": "topk", "top_k": draw(st.integers(1, 256))}}[kind]
-    return DecodeOptions(k=k, min_block=mb, prior_weight=w, **fields)
+    return DecodeOptions(k=k, min_block=mb, prior_weight=w, guard=guard, **fields)
 
 
 @settings(max_examples=400, deadline=None)
@@ -525,7 +577,8 @@ def test_spec_round_trips(opts):
 @given(st.builds(DecodeOptions, k=st.integers(-1, 17), rule=st.sampled_from(RULES + ("beam",)),
                  eps=st.integers(-1, 3), top_k=st.integers(0, 3), min_block=st.integers(0, 4),
                  temperature=st.one_of(st.just(0.0), st.floats(-1, 2)), seed=st.integers(-2, 2),
-                 propose=st.sampled_from(PROPOSALS + (None,)), prior_weight=st.one_of(st.just(1.0), st.floats(-1, 3))))
+                 propose=st.sampled_from(PROPOSALS + (None,)), prior_weight=st.one_of(st.just(1.0), st.floats(-1, 3)),
+                 guard=st.one_of(st.just(0.0), st.floats(-1, 64))))
 def test_any_options_are_refused_with_a_reason_or_round_trip(opts):
     """Options with a setting that changes nothing (eps outside the eps rule, a seed without a
     temperature...) or out of range are refused; every other one has a spec that reads back."""
@@ -560,6 +613,10 @@ def test_spec_grammar_examples_and_messages():
     assert s == DecodeOptions(k=4, temperature=0.8, seed=7) and s.spec == "sample:k=4:T=0.8:seed=7"
     assert parse("sample:k=1:T=1").spec == "sample:k=1:T=1"
     assert DecodeOptions(k=6, prior_weight=2.0).spec == "exact:k=6:w=2"
+    assert DecodeOptions(k=2, prior_weight=2.0, guard=32).spec == "exact:k=2:w=2:guard=32" == \
+        parse("exact:guard=32:w=2:k=2").spec
+    assert parse("exact:k=2", guard=32) == DecodeOptions(k=2, guard=32) == parse("exact:k=2:guard=32", guard=8)
+    assert parse("exact:k=2:guard=0") == DecodeOptions(k=2) and DecodeOptions(k=2, guard=0).spec == "exact:k=2"
     assert options_for("sample", 4, 2, 0.8, 3, 2.0) == parse("sample:k=4:w=2:T=0.8:seed=3")
     assert options_for("approx", 6, 2) == parse("eps-window=2:k=6") and options_for("greedy", 6) == parse("greedy")
     assert options_for("exact") == parse("exact:k=2") and options_for("approx").k == options_for("sample").k == 4
@@ -572,6 +629,7 @@ def test_spec_grammar_examples_and_messages():
                      ("sample:k=4:T=hot", "T=hot is not a number"), ("exact:k=4:T=0.8", "for the sample mode"),
                      ("greedy:seed=3", "for the sample mode"), ("min-block=5:k=2", "min_block must be in 1..k=2"),
                      ("exact:k=2:w=-1", "input guidance"), ("exact:k=2:w=inf", "not a number"),
+                     ("exact:k=2:guard=-1", "guard"), ("exact:k=2:guard=nan", "not a number"),
                      ("exact:k=2:min-block=1:min-block=2", "given twice"),
                      # torch's generators take 64 bits: a larger seed would fail mid-decode
                      ("sample:k=4:T=1:seed=-5", "seed must be a whole number in 0.."),

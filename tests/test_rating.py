@@ -578,6 +578,12 @@ def test_guided_conditions_decode_at_their_prior_weight(tiny_weights, celeba_npz
         {"a": "eps=2:k=6@m", "b": "greedy@m", "n": 10, "rate": 0.6, "ci": [0.4, 0.8]}]}
     table = rating.table3(res)
     assert "eps=2:w=2" in table and "| 6 | — | 50.0 [30.0, 70.0] (n=10) | 56.8 | 60.0 [40.0, 80.0]" in table, table
+    # the cell guard likewise: its own columns, without the paper's numbers
+    res["comparisons"][0]["a"] = "eps=2:k=6:guard=32@m"
+    table = rating.table3(res)
+    assert "eps=2:guard=32" in table and "| 6 | — | 50.0 [30.0, 70.0] (n=10) | 56.8 | 60.0 [40.0, 80.0]" in table, table
+    guarded = rating.Condition.from_name("exact:k=2:w=2:guard=32@m")
+    assert guarded.guard == 32 and guarded.options() == DecodeOptions(k=2, prior_weight=2.0, guard=32)
 
 
 # ---------------------------------------------------------------- sampled conditions
@@ -593,6 +599,8 @@ def test_sample_conditions_in_the_decode_mode_grammar():
     assert conds[2].options() == DecodeOptions(k=4, temperature=0.8)
     assert rating.Condition.from_name(conds[3].name) == conds[3] and refs["x"] == "x"
     assert rating.same_distribution(conds[1], conds[2]) and not rating.same_distribution(conds[2], conds[3])
+    guarded = rating.Condition.from_name("sample:k=4:T=0.8:guard=32@cpu-finetuned")
+    assert not rating.same_distribution(conds[1], guarded)  # the guard changes the distribution
     for bad, msg in [(["sample:k=4"], "needs a temperature"), (["sample:k=4:T=0"], "T > 0"),
                      (["sample:k=4:T=0.8@"], "say the weights"), (["exact:k=4:T=0.8"], "for the sample mode"),
                      (["sample:k=17:T=1"], "outside 1..16")]:
