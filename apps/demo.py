@@ -58,7 +58,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
 
     import gradio as gr
 
-    from sr_blockwise.decoding import options_for
+    from sr_blockwise.decoding import DEFAULT_GUARD, options_for
 
     from .examples import write_examples
 
@@ -144,6 +144,10 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                                  info="weight of the model's learned pull toward the 8x8 input's own "
                                       "colours (1: as trained; higher: closer to the input, longer "
                                       "blocks; very high: a blocky upscale)")
+            guard = gr.Slider(0, 64, value=DEFAULT_GUARD, step=1, label="cell guard (levels)", elem_id="guard",
+                              info="exact, approximate and greedy: keep each 4x4 cell from drifting further "
+                                   "than this off its input pixel while it is decoded, as collapses into a "
+                                   "flat wrong colour do (0: off, the model as trained; samples: always off)")
             temperature = gr.Slider(0.1, 1.5, value=0.8, step=0.05, label="temperature (sample)",
                                     elem_id="temperature",
                                     info="1: the model's own distribution; lower: safer, smoother faces")
@@ -175,22 +179,24 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                        *[c for m in outs for c in outs[m]], stats_json, pasted]
 
         def upscale(path, face_choice, k_val, eps_val, greedy_too, match_8x8=True, prior_w=w0,
-                    sample_too=False, temp=0.8, seed_val=0):
+                    sample_too=False, temp=0.8, seed_val=0, guard_val=DEFAULT_GUARD):
             p = user_input(path, face_choice)
             k_val, eps_val, prior_w, temp, seed_val = int(k_val), int(eps_val), float(prior_w), float(temp), int(seed_val or 0)
+            guard_val = float(guard_val)
             if sample_too and not temp > 0:
                 raise gr.Error("The temperature must be above 0 to sample.", title="Bad setting", print_exception=False)
             modes = ["exact", "approx"] + (["greedy"] if greedy_too else []) + (["sample"] if sample_too else [])
 
             def mode_options(mode):
-                return options_for(mode, k_val, eps_val, temperature=temp, seed=seed_val, prior_weight=prior_w)
+                return options_for(mode, k_val, eps_val, temperature=temp, seed=seed_val, prior_weight=prior_w,
+                                   guard=0 if mode == "sample" else guard_val)
             try:
                 for mode in modes:
                     mode_options(mode)
             except ValueError as e:
                 raise gr.Error(str(e), title="Bad setting", print_exception=False) from None
             stats = {"weights": weights_name, "input": p.info, "match_input": bool(match_8x8),
-                     "prior_weight": prior_w}
+                     "prior_weight": prior_w, "guard": guard_val}
             images = {}  # as shown (matched or not): the stats compare what the page shows
             blank = np.full((32, 32, 3), FILL, np.uint8)
             view = {lr_img: p.lr, real_img: p.face, note: p.note, bicubic_img: bicubic_upscale(p.lr),
@@ -281,7 +287,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
             box.change(lambda v: gr.Column(visible=v), box, cols[mode], api_visibility="private", queue=False)
         # one decode at a time, first come first served (the queue is bounded in launch): on a
         # few CPU cores parallel decodes would only slow each other down
-        go.click(upscale, [photo, choice, k, eps, with_greedy, match, guidance, with_sample, temperature, seed],
+        go.click(upscale, [photo, choice, k, eps, with_greedy, match, guidance, with_sample, temperature, seed, guard],
                  all_outputs, api_name="upscale",
                  concurrency_limit=1, concurrency_id="decode", show_progress="full",
                  show_progress_on=[status])

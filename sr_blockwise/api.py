@@ -116,13 +116,15 @@ class Upscaler:
         return self.model.cfg.n_blockwise
 
     def options(self, mode: str = "exact", k: int | None = None, eps: int | None = None,
-                temperature: float | None = None, seed: int = 0, prior_weight: float | None = None):
+                temperature: float | None = None, seed: int = 0, prior_weight: float | None = None,
+                guard: float | None = None):
         """decoding.DecodeOptions for a decode mode (decoding.MODES), checked against these weights.
         k None: the mode's default block size (decoding.DEFAULT_K: 2 for exact, 4 for approx and
         sample). eps (approx; default 2) and temperature (sample; default 1.0) are refused in the
         other modes, which would not read them. prior_weight None: the weights' default input
-        guidance (decoding.default_prior_weight)."""
-        from .decoding import default_prior_weight, options_for
+        guidance (decoding.default_prior_weight). guard None: the mode's default cell guard
+        (decoding.default_guard: 32 levels, none for sample); 0 turns it off."""
+        from .decoding import default_guard, default_prior_weight, options_for
         if mode == "greedy" and k not in (None, 1):
             raise ValueError(f"k={k}: greedy decoding takes one token per call; mode 'exact' gives the same "
                              "output in blocks of up to k")
@@ -134,7 +136,8 @@ class Upscaler:
                              f"(mode {mode!r} does not read it)")
         w = default_prior_weight(self.model) if prior_weight is None else prior_weight
         opts = options_for(mode, k=k, eps=2 if eps is None else eps,
-                           temperature=1.0 if temperature is None else temperature, seed=seed, prior_weight=w)
+                           temperature=1.0 if temperature is None else temperature, seed=seed, prior_weight=w,
+                           guard=default_guard(mode) if guard is None else guard)
         opts.check(self.model)
         return opts
 
@@ -149,8 +152,8 @@ class Upscaler:
 
     def upscale(self, images, mode: str = "exact", k: int | None = None, eps: int | None = None,
                 temperature: float | None = None,
-                seed: int | Sequence[int] = 0, prior_weight: float | None = None, match_input: bool = True,
-                batch_size: int = 16, return_stats: bool = False):
+                seed: int | Sequence[int] = 0, prior_weight: float | None = None, guard: float | None = None,
+                match_input: bool = True, batch_size: int = 16, return_stats: bool = False):
         """Upscale one face, or a list of them, to 32x32.
 
         images: a PIL image, a numpy array ((H, W) grey, (H, W, 3) RGB or (H, W, 4) RGBA, integers
@@ -167,7 +170,9 @@ class Upscaler:
         refused in the modes that would not read them. k: block size, 1..max_k (None: the mode's
         default, decoding.DEFAULT_K). seed (sample):
         an int for every image, or one per image; an image's sample depends on its input and
-        seed only. prior_weight: input guidance, None for the weights' default. match_input: shift
+        seed only. prior_weight: input guidance, None for the weights' default. guard: the cell
+        guard's tolerance in levels (decoding.cell_guard), None for the mode's default
+        (decoding.default_guard), 0 for none. match_input: shift
         each output's 4x4 blocks so that they average to the 8x8 input (data.match_input), as the
         batch command does by default. return_stats: also return ImageStats (one, or a list)."""
         single = not (isinstance(images, (list, tuple)) or (isinstance(images, np.ndarray) and images.ndim == 4))
@@ -181,7 +186,7 @@ class Upscaler:
         if len(seeds) != len(items):
             raise ValueError(f"got {len(seeds)} seeds for {len(items)} images")
         opts = self.options(mode, k=k, eps=eps, temperature=temperature,
-                            seed=int(seeds[0]) if seeds else 0, prior_weight=prior_weight)
+                            seed=int(seeds[0]) if seeds else 0, prior_weight=prior_weight, guard=guard)
         lrs = np.stack([self.prepare(x, None if single else f"image {i}") for i, x in enumerate(items)]) \
             if items else np.zeros((0, 8, 8, 3), np.uint8)
         outs, stats = [], []

@@ -47,7 +47,7 @@ SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
     "webp": ("WEBP", {"lossless": True}),
 }
 METRIC_FIELDS = ["input", "output", "relative", "status", "reason", "mode", "k", "eps", "temperature", "seed",
-                 "batch_size", "prior_weight", "match_input", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
+                 "batch_size", "prior_weight", "guard", "match_input", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
                  "psnr_bicubic", "ssim_bicubic", "face", "framing", "box", "faces_note"]
 NO_FACE = ("centre", "skip")  # --no-face: a photo without a face found
 # Pillow registers some formats it can only identify, not decode (or that need ghostscript)
@@ -97,6 +97,9 @@ class Config:
     # input guidance (decoding.DecodeOptions.prior_weight); None: decoding.default_prior_weight
     # (DEFAULT_PRIOR_WEIGHT, or 1 for weights without the learned input prior)
     prior_weight: float | None = None
+    # the cell guard's tolerance in levels (decoding.cell_guard); None: decoding.default_guard
+    # (DEFAULT_GUARD, none for sample mode); 0: off
+    guard: float | None = None
     faces: str = "largest"  # FACES
     no_face: str = "centre"  # NO_FACE
     paste_back: bool = False
@@ -756,6 +759,8 @@ def run(cfg: Config) -> int:
                          "(0 would be greedy decoding: --mode greedy)")
     if cfg.seed is not None and not 0 <= cfg.seed < 2 ** 32:
         raise ValueError(f"--seed {cfg.seed}: must be a whole number in 0..{2 ** 32 - 1}")
+    if cfg.guard is not None and not (math.isfinite(cfg.guard) and cfg.guard >= 0):
+        raise ValueError(f"--guard {cfg.guard:g}: must be a number of intensity levels >= 0 (0: off)")
     eps = 2 if cfg.eps is None else cfg.eps
     temperature = 1.0 if cfg.temperature is None else cfg.temperature
     jobs, ignored, info = plan(cfg)
@@ -825,8 +830,8 @@ def run(cfg: Config) -> int:
     if cfg.k is not None and cfg.k > up.max_k:
         raise ValueError(f"--k {cfg.k}: these weights have {up.max_k} blockwise heads, so --k must be in 1..{up.max_k}")
     opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=seed,
-                      prior_weight=cfg.prior_weight)
-    prior_weight, weights, device = opts.prior_weight, up.weights, up.device
+                      prior_weight=cfg.prior_weight, guard=cfg.guard)
+    prior_weight, guard, weights, device = opts.prior_weight, opts.guard, up.weights, up.device
     from .decoding import not_native
     why = not_native(up.model)
     if todo and why and device == "cpu":  # on a GPU the PyTorch engine is the one meant
@@ -844,11 +849,12 @@ def run(cfg: Config) -> int:
     s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
     settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
                 "temperature": opts.temperature or None, "seed": seed if opts.temperature else None,
-                "batch_size": cfg.batch_size, "prior_weight": prior_weight, "match_input": cfg.match_input, "device": device, "dtype": cfg.dtype, "shard": f"{shard_i}/{shard_n}",
+                "batch_size": cfg.batch_size, "prior_weight": prior_weight, "guard": guard, "match_input": cfg.match_input,
+                "device": device, "dtype": cfg.dtype, "shard": f"{shard_i}/{shard_n}",
                 "ssim": dict(SSIM_SETTINGS), "psnr": dict(PSNR_SETTINGS)}
     metrics = Metrics(mpath, settings, cfg.skip_existing, cfg.outdir)
     base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size",
-                                          "prior_weight", "match_input")}
+                                          "prior_weight", "guard", "match_input")}
 
     def names(j: Job) -> dict:  # a metrics row's paths
         return {"input": str(j.src), "output": str(j.out), "relative": j.out.relative_to(cfg.outdir).as_posix()}
@@ -880,6 +886,12 @@ def run(cfg: Config) -> int:
         print(f"warning: {len(unlike)} outputs kept by --skip-existing were decoded with another "
               f"--prior-weight (e.g. {_shown(unlike[0].out)}); the new ones use {prior_weight:g}. Rerun those without "
               f"--skip-existing, or pass the old --prior-weight, to keep them alike", file=sys.stderr)
+    # and the cell guard; rows of runs before it existed were decoded without it
+    unlike = kept_unlike("guard", lambda v: float(v or 0), guard)
+    if unlike:
+        print(f"warning: {len(unlike)} outputs kept by --skip-existing were decoded with another "
+              f"--guard (e.g. {_shown(unlike[0].out)}); the new ones use {guard:g}. Rerun those without "
+              f"--skip-existing, or pass the old --guard, to keep them alike", file=sys.stderr)
 
     bar = tqdm(total=len(todo), unit="img", desc="upscale" + (f" {shard_i}/{shard_n}" if shard_n > 1 else ""),
                disable=cfg.quiet, dynamic_ncols=True, smoothing=0.1)

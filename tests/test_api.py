@@ -266,6 +266,11 @@ def test_the_default_block_size_is_the_same_everywhere():
         assert up.options(mode).k == DEFAULT_K[mode]
     assert up.options("approx").propose == "window" and up.options("exact").propose == "recycle"
     assert page_defaults(up.model)[0] == DEFAULT_K["approx"]
+    # the cell guard: on by default where it was measured, off for samples, and 0 turns it off
+    from sr_blockwise.decoding import DEFAULT_GUARD
+    assert [up.options(mode).guard for mode in MODES] == [DEFAULT_GUARD if m != "sample" else 0 for m in MODES]
+    assert up.options("exact", guard=0).guard == 0 and up.options("sample", guard=8).guard == 8
+    assert Config.guard is None and inspect.signature(Upscaler.upscale).parameters["guard"].default is None
 
 
 def test_api_errors_name_the_arguments_not_the_command_line_flags():

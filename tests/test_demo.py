@@ -27,7 +27,7 @@ from sr_blockwise.data import BadImage, image_to_input, match_input, open_rgb
 from sr_blockwise.live import (FILL, Frame, block_map_image, compare, decode_live, final_markdown, parse_choice,
                                partial_image, photo_view, prepare_input, read_photo, running_markdown,
                                view_to_photo)
-from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT, decode, options_for
+from sr_blockwise.decoding import DEFAULT_GUARD, DEFAULT_PRIOR_WEIGHT, decode, options_for
 
 K, EPS = 6, 8  # what the tests ask for; both decodes of the tiny model take a few seconds each
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -285,9 +285,10 @@ def test_client_upscale_matches_library(server, files, model):
     from gradio_client import Client, handle_file
     # download_files=False: the client would fetch every streamed frame; fetch the final images only
     client = Client(server, verbose=False, analytics_enabled=False, download_files=False)
-    # "match the 8x8 input" off: the decoder's own outputs; input guidance 1 (the model as trained)
+    # "match the 8x8 input" off: the decoder's own outputs; input guidance 1 and the cell guard
+    # off (the model as trained)
     out = client.predict(handle_file(files["astronaut"]), "centre square", K, EPS, False, False, 1.0,
-                         api_name="/upscale")
+                         False, 0.8, 0, 0, api_name="/upscale")
     lr_file, real_file, note, bicubic_file, status = out[:5]
     exact_file, approx_file, stats, pasted = out[5], out[8], out[-2], out[-1]
     lr, face = image_to_input(open_rgb(files["astronaut"]))
@@ -305,15 +306,18 @@ def test_client_upscale_matches_library(server, files, model):
         assert s["speedup_calls"] == pytest.approx(3072 / r.calls)
     assert stats["approx"]["eps"] == EPS and "Done" in status
     assert fetch(pasted).shape == (768, 768, 3)  # the centre square: the whole photo, 768 px at most
-    assert stats["match_input"] is False and stats["prior_weight"] == 1.0
-    # the defaults of a 5-argument call: "match the 8x8 input" on, the default input guidance; the
-    # decodes differ from guidance 1's, and each is shown back-projected onto the 8x8 input
+    assert stats["match_input"] is False and stats["prior_weight"] == 1.0 and stats["guard"] == 0
+    # the defaults of a 5-argument call: "match the 8x8 input" on, the default input guidance and
+    # cell guard; the decodes differ from the model as trained, and each is shown back-projected
+    # onto the 8x8 input
     out = client.predict(handle_file(files["astronaut"]), "centre square", K, EPS, False, api_name="/upscale")
     for mode, file in [("exact", out[5]), ("approx", out[8])]:
-        ref = decode(model, lr[None], options_for(mode, K, EPS, prior_weight=DEFAULT_PRIOR_WEIGHT)).images[0]
+        ref = decode(model, lr[None], options_for(mode, K, EPS, prior_weight=DEFAULT_PRIOR_WEIGHT,
+                                                  guard=DEFAULT_GUARD)).images[0]
         assert (fetch(file) == match_input(ref, lr)).all() and not (ref == match_input(ref, lr)).all(), mode
         assert not (ref == decode(model, lr[None], options_for(mode, K, EPS)).images[0]).all(), mode
     assert out[-2]["match_input"] is True and out[-2]["prior_weight"] == DEFAULT_PRIOR_WEIGHT
+    assert out[-2]["guard"] == DEFAULT_GUARD
 
 
 def test_client_sample_is_the_librarys_speculative_sample(server, files, model):
@@ -371,6 +375,7 @@ def test_browser(server, files, tmp_path, monkeypatch):
             expect(page.locator("#note")).to_contain_text("face 1 of 2 found", timeout=30_000)  # the largest
             # the input guidance slider starts at the library's default
             expect(page.locator("#guidance input[type=number]")).to_have_value(f"{DEFAULT_PRIOR_WEIGHT:g}")
+            expect(page.locator("#guard input[type=number]")).to_have_value(f"{DEFAULT_GUARD:g}")
             expect(page.locator("#faces img")).to_have_count(2, timeout=30_000)  # the gallery of faces found
             page.locator("#faces img").nth(1).click()
             expect(page.locator("#choice textarea, #choice input").first).to_have_value("2", timeout=30_000)

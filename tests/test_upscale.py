@@ -511,6 +511,31 @@ def test_prior_weight_is_applied_recorded_and_checked_on_resume(tmp_path, fast, 
     assert "2 outputs kept by --skip-existing were decoded with another --prior-weight" in capsys.readouterr().err
 
 
+def test_guard_is_applied_recorded_and_checked_on_resume(tmp_path, fast, rng, capsys):
+    """--guard reaches the decoder (a tight guard gives other outputs than none), the metrics
+    record it (DEFAULT_GUARD when not given), a resumed run with another guard warns, and a
+    negative one is refused in the flag's words."""
+    from sr_blockwise.decoding import DEFAULT_GUARD
+    src = tmp_path / "in"
+    for i in range(2):
+        save(src / f"f{i}.png", tiny8(rng))
+    runs = {"off": ["--guard", "0"], "tight": ["--guard", "4"], "default": []}
+    for name, extra in runs.items():
+        assert main([str(src), "-o", str(tmp_path / name), "--no-match-input", "--quiet",
+                     "--metrics", str(tmp_path / f"{name}.json")] + fast + extra) == 0
+    out = {name: [np.asarray(Image.open(tmp_path / name / f"f{i}.png")) for i in range(2)] for name in runs}
+    assert all(not np.array_equal(a, b) for a, b in zip(out["off"], out["tight"]))
+    for name, g in (("off", 0.0), ("tight", 4.0), ("default", DEFAULT_GUARD)):
+        doc = json.loads((tmp_path / f"{name}.json").read_text())
+        assert doc["settings"]["guard"] == g and all(r["guard"] == g for r in doc["images"])
+    capsys.readouterr()
+    assert main([str(src), "-o", str(tmp_path / "tight"), "--no-match-input", "--skip-existing",
+                 "--metrics", str(tmp_path / "tight.json")] + fast + ["--guard", "0"]) == 0
+    assert "2 outputs kept by --skip-existing were decoded with another --guard" in capsys.readouterr().err
+    assert main([str(src), "-o", str(tmp_path / "x"), "--guard", "-1"] + fast) == 2
+    assert "--guard -1: must be a number of intensity levels >= 0" in capsys.readouterr().err
+
+
 def test_default_guidance_follows_the_weights(tmp_path, tiny_weights, rng):
     """Weights without the learned input prior decode at guidance 1 by default;
     weights with it at DEFAULT_PRIOR_WEIGHT; an explicit weight they cannot take is refused."""
