@@ -15,7 +15,8 @@ Photos (all offline):
   reframed: held-out CelebA test faces (id % 16 == 0), each mirrored outward and given a random similarity
             (scale 0.45-1.2, rotation +-25 degrees, shift) into a 256x256 photo
   celeba:   held-out CelebA photos as they are (178x218): aligned vs the paper's crop (paper-crop)
-Decoding: shipped cpu-finetuned, exact mode (identical to greedy) at its default input guidance;
+Decoding: shipped cpu-finetuned, exact mode (identical to greedy) at its default input guidance
+and the apps' cell guard (--guard; 0 for the decoder as trained);
 scores on the decoder's own outputs and on outputs matched to the 8x8 input (the default in
 the batch command, the demo and the API); the share of faces where aligned beats another framing
 is given for both.
@@ -48,6 +49,8 @@ p.add_argument("--celeba", type=int, default=16)
 p.add_argument("--collapse", type=int, default=48, help="levels (the input-guidance experiment's definition)")
 p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--prior-weight", type=float, default=None, help="input guidance (default: the weights')")
+p.add_argument("--guard", type=float, default=None,
+               help="the cell guard's tolerance (default: the apps', decoding.DEFAULT_GUARD; 0: off)")
 p.add_argument("--figures", default="docs", help="folder for faces-grid.png")
 args = p.parse_args()
 rng = np.random.default_rng(0)
@@ -122,8 +125,8 @@ print(f"{len(rows)} photos prepared in {time.perf_counter() - t0:.0f} s; aligned
 
 # ---------------------------------------------------------------- decode every framing at once
 up = Upscaler("cpu-finetuned", device="cpu", dtype="float32")
-opts = up.options("exact", prior_weight=args.prior_weight)
-print(f"input guidance {opts.prior_weight:g}")
+opts = up.options("exact", prior_weight=args.prior_weight, guard=args.guard)
+print(f"input guidance {opts.prior_weight:g}, cell guard {opts.guard:g}")
 jobs = [(i, fr) for i, r in enumerate(rows) for fr in ("aligned", "centre", "cascade", "paper-crop") if r.get(fr) is not None]
 real = np.stack([rows[i][fr] for i, fr in jobs])
 lr = downsample_8(real)
