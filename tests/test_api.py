@@ -15,7 +15,7 @@ from conftest import two_faces
 from sr_blockwise import Upscaler, cli
 from sr_blockwise.api import ImageStats
 from sr_blockwise.data import match_input, read_input
-from sr_blockwise.decoding import decode, options_for
+from sr_blockwise.decoding import DEFAULT_GUARD, decode, options_for
 
 FAST = {"mode": "approx", "k": 8, "eps": 150}  # the random tiny model accepts long blocks here: fast
 FACES = ("182752.jpg", "182832.jpg")  # held-out: CelebA test partition, id % 16 == 0
@@ -80,15 +80,22 @@ def test_pil_numpy_and_a_file_give_the_same_face(tiny, rng, tmp_path):
 
 
 def test_the_output_is_the_decoders_matched_to_the_input(tiny, rng):
-    """match_input=False: the decoder's own output at the weights' default guidance; True (the
-    default): that output back-projected onto the 8x8 input."""
+    """match_input=False: the decoder's own output at the weights' default guidance and the
+    default cell guard; True (the default): that output back-projected onto the 8x8 input.
+    prior_weight and guard reach the decoder."""
     arr = photo(rng)
     lr = read_input(arr)[0]
     ref = decode(tiny.model, lr[None], tiny.options(**FAST)).images[0]
     np.testing.assert_array_equal(pixels(tiny.upscale(arr, match_input=False, **FAST)), ref)
     np.testing.assert_array_equal(pixels(tiny.upscale(arr, **FAST)), match_input(ref, lr))
-    other = decode(tiny.model, lr[None], options_for(FAST["mode"], FAST["k"], FAST["eps"], prior_weight=1.0)).images[0]
-    np.testing.assert_array_equal(pixels(tiny.upscale(arr, match_input=False, prior_weight=1.0, **FAST)), other)
+    as_trained = options_for(FAST["mode"], FAST["k"], FAST["eps"], prior_weight=1.0)  # no guard
+    other = decode(tiny.model, lr[None], as_trained).images[0]
+    np.testing.assert_array_equal(pixels(tiny.upscale(arr, match_input=False, prior_weight=1.0, guard=0, **FAST)),
+                                  other)
+    guarded = decode(tiny.model, lr[None], options_for(FAST["mode"], FAST["k"], FAST["eps"], prior_weight=1.0,
+                                                       guard=DEFAULT_GUARD)).images[0]
+    assert not np.array_equal(guarded, other)
+    np.testing.assert_array_equal(pixels(tiny.upscale(arr, match_input=False, prior_weight=1.0, **FAST)), guarded)
 
 
 def test_a_sample_depends_on_its_image_and_seed_only(tiny, rng):
