@@ -880,13 +880,13 @@ def run(cfg: Config) -> int:
               f"{'without' if cfg.match_input else 'with'} --match-input (e.g. {_shown(unlike[0].out)}); the new ones "
               f"are {'' if cfg.match_input else 'not '}matched. Rerun those without --skip-existing, or pass "
               f"--{'no-' if cfg.match_input else ''}match-input, to keep them alike", file=sys.stderr)
-    # likewise the input guidance; rows of runs before it existed were decoded at weight 1
+    # likewise the input guidance; a row without the field was decoded at weight 1
     unlike = kept_unlike("prior_weight", lambda v: float(v or 1), prior_weight)
     if unlike:
         print(f"warning: {len(unlike)} outputs kept by --skip-existing were decoded with another "
               f"--prior-weight (e.g. {_shown(unlike[0].out)}); the new ones use {prior_weight:g}. Rerun those without "
               f"--skip-existing, or pass the old --prior-weight, to keep them alike", file=sys.stderr)
-    # and the cell guard; rows of runs before it existed were decoded without it
+    # and the cell guard; a row without the field was decoded without it
     unlike = kept_unlike("guard", lambda v: float(v or 0), guard)
     if unlike:
         print(f"warning: {len(unlike)} outputs kept by --skip-existing were decoded with another "
@@ -1085,11 +1085,12 @@ def run(cfg: Config) -> int:
 
 
 def _greedy_check(model, lrs, images, opts) -> dict:
-    """Decode the first batch again greedily, at the same batch size: wall-clock speedup, and
+    """Decode the first batch again greedily (the same guidance and cell guard), at the same batch
+    size: wall-clock speedup, and
     (exact mode) whether the outputs match greedy as they must. The blockwise decode is timed
     again too: the first batch of a run also pays for warming up, greedy would not."""
     from .decoding import DecodeOptions, decode
-    g = decode(model, lrs, DecodeOptions(k=1, prior_weight=opts.prior_weight))
+    g = decode(model, lrs, DecodeOptions(k=1, prior_weight=opts.prior_weight, guard=opts.guard))
     seconds = decode(model, lrs, opts).seconds
     return {"images": len(lrs), "seconds": seconds, "greedy_seconds": g.seconds,
             "speedup": g.seconds / seconds if seconds > 0 else math.nan,

@@ -316,6 +316,8 @@ def test_client_upscale_matches_library(server, files, model):
                                                   guard=DEFAULT_GUARD)).images[0]
         assert (fetch(file) == match_input(ref, lr)).all() and not (ref == match_input(ref, lr)).all(), mode
         assert not (ref == decode(model, lr[None], options_for(mode, K, EPS)).images[0]).all(), mode
+        unguarded = decode(model, lr[None], options_for(mode, K, EPS, prior_weight=DEFAULT_PRIOR_WEIGHT)).images[0]
+        assert not (ref == unguarded).all(), mode  # the page's guard reached the decoder
     assert out[-2]["match_input"] is True and out[-2]["prior_weight"] == DEFAULT_PRIOR_WEIGHT
     assert out[-2]["guard"] == DEFAULT_GUARD
 

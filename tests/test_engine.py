@@ -185,7 +185,8 @@ def test_an_images_output_does_not_depend_on_its_batch(bf16_weights, threads, ke
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for opts in (DecodeOptions(k=1), DecodeOptions(k=2), DecodeOptions(k=6), DecodeOptions(k=6, rule="eps", eps=2)):
+        for opts in (DecodeOptions(k=1), DecodeOptions(k=2), DecodeOptions(k=6), DecodeOptions(k=6, rule="eps", eps=2),
+                     DecodeOptions(k=4, guard=4)):  # the guard reads each image's own earlier tokens
             alone = [decode(m, lr[i:i + 1], opts) for i in (0, 3)]
             for batch in (lr, lr[:3]):  # by image, and (3 images) by team
                 together = decode(m, batch, opts)

@@ -534,6 +534,11 @@ def test_guard_is_applied_recorded_and_checked_on_resume(tmp_path, fast, rng, ca
     assert "2 outputs kept by --skip-existing were decoded with another --guard" in capsys.readouterr().err
     assert main([str(src), "-o", str(tmp_path / "x"), "--guard", "-1"] + fast) == 2
     assert "--guard -1: must be a number of intensity levels >= 0" in capsys.readouterr().err
+    # --measure-greedy decodes greedy with the same guard: exact mode's outputs are identical to it
+    exact = ["--weights", fast[1], "--threads", "1", "--mode", "exact", "--k", "4"]
+    assert main([str(src), "-o", str(tmp_path / "exact"), "--measure-greedy", "--guard", "4", "--quiet",
+                 "--metrics", str(tmp_path / "exact.json")] + exact) == 0
+    assert json.loads((tmp_path / "exact.json").read_text())["summary"]["greedy_check"]["identical"] is True
 
 
 def test_default_guidance_follows_the_weights(tmp_path, tiny_weights, rng):
