@@ -9,7 +9,10 @@ input pixel in some channel (experiments/input-guidance/'s definition). Scores: 
 to the input, as users get them, against the real 32x32 face; each guarded row's differences
 from the unguarded one of its mode come with their standard error over the faces.
 
-    PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards 24 32 40   # guard.log
+    PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards 24 32 40 --approx-guards 32   # guard.log
+    PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards 32 --slopes 2 4 --approx-guards   # slope.log
+    PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards 32 --slopes 8 16 --approx-guards   # slope_steep.log (slope 8 only)
+    PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards --slopes 4 --approx-guards 32   # approx_slope4.log
 """
 import argparse
 import time
@@ -18,13 +21,16 @@ import numpy as np
 
 from sr_blockwise.api import Upscaler
 from sr_blockwise.data import downsample_8, load_faces, match_input
+from sr_blockwise import decoding
 from sr_blockwise.decoding import DecodeOptions
 from sr_blockwise.metrics import Perceptual, psnr, ssim
 
 p = argparse.ArgumentParser()
 p.add_argument("-n", type=int, default=1024, help="held-out test faces (the first n)")
-p.add_argument("--guards", type=float, nargs="+", default=[24, 32, 40])
-p.add_argument("--approx-guards", type=float, nargs="+", default=[32])
+p.add_argument("--guards", type=float, nargs="*", default=[24, 32, 40])
+p.add_argument("--approx-guards", type=float, nargs="*", default=[32])
+p.add_argument("--slopes", type=float, nargs="+", default=[1.0],
+               help="the guard's slope (decoding.GUARD_SLOPE, nats a level), each guard at each")
 p.add_argument("--collapse", type=int, default=48)
 p.add_argument("--batch-size", type=int, default=64)
 args = p.parse_args()
@@ -36,7 +42,8 @@ alex, vgg = Perceptual("stlpips"), Perceptual("stlpips-vgg")
 MEASURES = ("alex", "vgg", "psnr", "ssim")
 
 
-def run(spec):
+def run(spec, slope=1.0):
+    decoding.GUARD_SLOPE = slope  # read by both engines at each decode
     opts = DecodeOptions.parse(spec)
     t0 = time.perf_counter()
     outs, blocks = [], []
@@ -50,7 +57,7 @@ def run(spec):
     dev = np.abs(cells - lr).max(axis=(1, 2, 3))
     m = match_input(outs, lr)
     scores = {"alex": alex(real, m), "vgg": vgg(real, m), "psnr": psnr(real, m), "ssim": ssim(real, m)}
-    return {"spec": spec, "collapsed": dev > args.collapse, "scores": scores, "block": np.mean(blocks),
+    return {"spec": spec + (f" (slope {slope:g})" if "guard=" in spec else ""), "collapsed": dev > args.collapse, "scores": scores, "block": np.mean(blocks),
             "seconds": seconds}
 
 
@@ -65,9 +72,11 @@ print("| decoding | collapsed | alex | vgg | PSNR | SSIM | mean block | s a face
       "vs unguarded, all faces: alex / vgg / PSNR / SSIM | on the faces the unguarded mode collapsed on |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for mode, guards in (("exact:k=2:w=2", args.guards), ("eps-window=2:k=4:w=2", args.approx_guards)):
+    if not guards:
+        continue
     base = None
-    for g in [0] + guards:
-        r = run(mode + (f":guard={g:g}" if g else ""))
+    for g, slope in [(0, 1.0)] + [(g, sl) for g in guards for sl in args.slopes]:
+        r = run(mode + (f":guard={g:g}" if g else ""), slope)
         base = base or r
         every, bad = np.arange(args.n), np.flatnonzero(base["collapsed"])
         means = " | ".join(f"{r['scores'][k].mean():.3f}" if k != "psnr" else f"{r['scores'][k].mean():.2f}"

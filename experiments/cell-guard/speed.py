@@ -3,7 +3,7 @@ input guidance 2, without the guard and at guard 32, interleaved round by round 
 held-out faces (float32, native engine, the process's threads); seconds a face, best of the
 rounds, and guarded / unguarded.
 
-    PYTHONPATH=. python experiments/cell-guard/speed.py --rounds 3   # speed.log
+    PYTHONPATH=. python experiments/cell-guard/speed.py --rounds 8   # speed.log
 """
 import argparse
 import time
