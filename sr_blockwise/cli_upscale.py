@@ -72,9 +72,9 @@ def register(subparsers) -> None:
                         "DEFAULT_PRIOR_WEIGHT, where the model has that prior, else 1; see the README; large "
                         "values give a blocky upscale)")
     p.add_argument("--guard", type=float, default=None, metavar="LEVELS",
-                   help="the cell guard: keep each 4x4 cell of the output from drifting, as a mean, more "
-                        "than LEVELS intensity levels off its 8x8 input pixel while it is decoded, which "
-                        "real faces never do and greedy decoding's collapses into a flat wrong colour do "
+                   help="the cell guard: pull each 4x4 cell of the output back while it is decoded once "
+                        "its mean would end up more than LEVELS intensity levels off its 8x8 input pixel, "
+                        "as in greedy decoding's collapses into a flat wrong colour and rarely in real faces "
                         "(default: 32, sr_blockwise.decoding.DEFAULT_GUARD, in greedy, exact and approx "
                         "mode; none in sample mode; 0: off, the model as trained)")
     p.add_argument("--faces", default="largest", choices=FACES,

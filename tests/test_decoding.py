@@ -525,12 +525,15 @@ def test_the_cell_guard_is_its_definition():
 def test_guarded_exact_and_approximate_decoding_follow_guarded_greedy(setup64, engine):
     """The cell guard is part of p1's distribution: it changes greedy decoding, and exact blockwise
     decoding (recycled and heads' proposals, the eps rule at eps 0, an outside proposer) still
-    equals guarded greedy on either engine."""
+    equals guarded greedy. The torch engine, whose decodes cost seconds each, runs recycled
+    proposals and the proposer; the native engine every variant."""
     m, lr, g = setup64
     guarded = decode(m, lr, DecodeOptions(k=1, guard=4), engine=engine)
     assert not np.array_equal(guarded.images, g.images)  # the guard does something
-    for opts in (DecodeOptions(k=4, guard=4), DecodeOptions(k=3, guard=4, propose="argmax"),
-                 DecodeOptions(k=4, rule="eps", eps=0, guard=4)):
+    variants = [DecodeOptions(k=4, guard=4)] + ([DecodeOptions(k=3, guard=4, propose="argmax"),
+                                                 DecodeOptions(k=4, rule="eps", eps=0, guard=4)]
+                                                if engine == "native" else [])
+    for opts in variants:
         np.testing.assert_array_equal(decode(m, lr, opts, engine=engine).images, guarded.images)
     prop = oracle_proposer(to_tokens(guarded.images), wrong_rate=0.15, seed=3)
     r = decode(m, lr, DecodeOptions(k=6, guard=4), proposer=prop, engine=engine)
