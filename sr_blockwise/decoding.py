@@ -262,18 +262,15 @@ class DecodeOptions:
             fields["propose"] = "argmax"
         if "min-block" in given:
             fields["min_block"] = whole("min-block", given["min-block"])
-        if "w" in given:
-            fields["prior_weight"] = number("w", given["w"])
-            if fields["prior_weight"] < 0:
-                raise ValueError(f"decode mode {spec!r}: w (the input guidance) must be >= 0")
-        elif prior_weight is not None:
-            fields["prior_weight"] = float(prior_weight)
-        if "guard" in given:
-            fields["guard"] = number("guard", given["guard"])
-            if fields["guard"] < 0:
-                raise ValueError(f"decode mode {spec!r}: guard (levels) must be >= 0 (0: off)")
-        elif guard is not None:
-            fields["guard"] = float(guard)
+        # input guidance and the cell guard: the spec's, else the caller's
+        for key, field, caller, rule in (("w", "prior_weight", prior_weight, "w (the input guidance) must be >= 0"),
+                                         ("guard", "guard", guard, "guard (levels) must be >= 0 (0: off)")):
+            if key in given:
+                fields[field] = number(key, given[key])
+                if fields[field] < 0:
+                    raise ValueError(f"decode mode {spec!r}: {rule}")
+            elif caller is not None:
+                fields[field] = float(caller)
         if name == "sample":
             if "T" not in given:
                 raise ValueError(f"decode mode {spec!r}: sample needs a temperature, e.g. {spec}:T=0.8")
