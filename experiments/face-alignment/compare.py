@@ -79,8 +79,10 @@ def crops(img: Image.Image) -> dict:
             "face": found[0] if found else None}
 
 
-def reframe(photo: Image.Image, size=256) -> Image.Image:
-    """A CelebA photo mirrored outward and moved by a random similarity into a size x size photo."""
+def reframe(photo: Image.Image, size=256) -> tuple[Image.Image, np.ndarray]:
+    """A CelebA photo mirrored outward and moved by a random similarity into a size x size photo,
+    and the transform that takes that photo to the paper's crop of the original (the training
+    framing, known exactly: the `ideal` framing)."""
     a = np.pad(np.asarray(photo), ((218, 218), (178, 178), (0, 0)), mode="symmetric")
     s = rng.uniform(0.45, 1.2) * size / 218  # the 178x218 photo's height -> this many output px
     th = math.radians(rng.uniform(-25, 25))
@@ -89,7 +91,10 @@ def reframe(photo: Image.Image, size=256) -> Image.Image:
     # output point -> padded-photo point (PIL's AFFINE takes the inverse map)
     c, si = math.cos(th) / s, math.sin(th) / s
     inv = (c, -si, cx - c * ox + si * oy, si, c, cy - si * ox - c * oy)
-    return Image.fromarray(a).transform((size, size), Image.Transform.AFFINE, inv, Image.Resampling.BICUBIC)
+    out = Image.fromarray(a).transform((size, size), Image.Transform.AFFINE, inv, Image.Resampling.BICUBIC)
+    to_padded = np.array([[inv[0], inv[1], inv[2]], [inv[3], inv[4], inv[5]], [0, 0, 1]])
+    unpad = np.array([[1, 0, -178], [0, 1, -218], [0, 0, 1]])
+    return out, F.celeba_matrix() @ unpad @ to_padded
 
 
 # ---------------------------------------------------------------- the photos
@@ -107,13 +112,19 @@ partition = dict(line.split() for line in (root / "list_eval_partition.txt").rea
 files = sorted((root / "img_align_celeba").glob("*.jpg"))
 held = [f for f, k in zip(files, part_mask("test", np.array([int(f.stem) for f in files]),
                                              np.array([int(partition.get(f.name, -1)) for f in files]))) if k]
+ideal = {}  # reframed photo -> the transform to its training framing
 for f in held[: args.reframed]:
-    photos.append(("reframed", f.stem, reframe(open_rgb(f))))
+    img, ideal[f.stem] = reframe(open_rgb(f))
+    photos.append(("reframed", f.stem, img))
 celeba = held[args.reframed: args.reframed + args.celeba]  # other held-out faces, as they are
 
 rows = []
 for kind, name, img in photos:
     rows.append({"set": kind, "name": name, "img": img, **crops(img)})
+    if name in ideal:
+        rows[-1]["ideal"] = F.warp_crop(img, ideal[name])
+        # how much smaller the face is in the centre square than in the training framing
+        rows[-1]["zoom out"] = min(img.size) * math.hypot(*ideal[name][:2, 0]) / 32
 for f in celeba:
     img = open_rgb(f)
     found = F.find_faces(img)
@@ -127,7 +138,7 @@ print(f"{len(rows)} photos prepared in {time.perf_counter() - t0:.0f} s; aligned
 up = Upscaler("cpu-finetuned", device="cpu", dtype="float32")
 opts = up.options("exact", prior_weight=args.prior_weight, guard=args.guard)
 print(f"input guidance {opts.prior_weight:g}, cell guard {opts.guard:g}")
-jobs = [(i, fr) for i, r in enumerate(rows) for fr in ("aligned", "centre", "cascade", "paper-crop") if r.get(fr) is not None]
+jobs = [(i, fr) for i, r in enumerate(rows) for fr in ("aligned", "centre", "cascade", "paper-crop", "ideal") if r.get(fr) is not None]
 real = np.stack([rows[i][fr] for i, fr in jobs])
 lr = downsample_8(real)
 # each distinct input once (the cascade falls back to the centre square where it finds nothing)
@@ -179,6 +190,21 @@ def table(sets, framings, title):
 
 ood = [("lfw",), ("astronaut",), ("portraits",), ("reframed",), ("lfw", "astronaut", "portraits", "reframed")]
 table(ood, ["aligned", "centre", "cascade"], "Out-of-distribution framing: aligned vs centre square vs cascade square")
+if args.reframed:
+    # the reframed faces' training framing is known: does framing them exactly as training did
+    # beat the centre square more often than the detected alignment does?
+    table([("reframed",)], ["ideal", "centre", "aligned"], "Reframed CelebA faces: the exact training framing (ideal) vs centre square and aligned")
+    print("\n| centre square's zoom out (its face this many times smaller than the training framing's) | faces | aligned better than centre (alex) | ideal better than centre (alex) |")
+    print("|---|---|---|---|")
+    ref = [i for i, r in enumerate(rows) if r["set"] == "reframed" and (i, "aligned") in idx]
+    zoom = np.array([rows[i]["zoom out"] for i in ref])
+    a = score["raw"]["alex"]
+    for lo, hi in ((1.0, 1.6), (1.6, 2.2), (2.2, 10.0)):
+        sel = [i for i, z in zip(ref, zoom) if lo <= z < hi]
+        if sel:
+            won = np.mean([a[idx[(i, "aligned")]] < a[idx[(i, "centre")]] for i in sel])
+            won_ideal = np.mean([a[idx[(i, "ideal")]] < a[idx[(i, "centre")]] for i in sel])
+            print(f"| {lo:.1f}-{hi:.1f}x | {len(sel)} | {won:.0%} | {won_ideal:.0%} |")
 if args.celeba:
     table([("celeba",)], ["aligned", "paper-crop"], "Held-out CelebA photos as they are: aligned vs the paper's crop")
 missed = [r["name"] for r in rows if r["aligned"] is None]
