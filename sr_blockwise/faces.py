@@ -530,6 +530,20 @@ def centre_face(img: Image.Image) -> Face:
 
 # ---------------------------------------------------------------- paste back
 
+def crop_like(img: Image.Image, face: Face, photo_size: tuple[int, int]) -> np.ndarray:
+    """The 32x32 crop of `img`, the face's photo (photo_size) or the same scene at another size
+    (e.g. its ground truth), made as face.crop was: the paper's crop and the centre square by
+    their own resampling where img is the photo's size, otherwise by the face's transform scaled
+    to img."""
+    img = to_rgb(img)
+    if img.size == tuple(photo_size) and face.how == "celeba crop":
+        return photo_to_32(img, celeba_aligned=True)
+    if img.size == tuple(photo_size) and face.how == "centre square":
+        return centre_face(img).crop
+    sx, sy = photo_size[0] / img.width, photo_size[1] / img.height  # img px -> photo px
+    return warp_crop(img, face.matrix @ np.diag([sx, sy, 1.0]))
+
+
 def paste_scale(size: tuple[int, int], scale: float = PASTE_SCALE, max_pixels: int = PASTE_MAX_PIXELS) -> float:
     """The enlargement of a pasted-back photo: `scale`, less where the result would pass max_pixels."""
     return min(float(scale), math.sqrt(max_pixels / (size[0] * size[1])))

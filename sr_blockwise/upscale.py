@@ -371,18 +371,16 @@ def load_photo(path: Path, which: str = "largest", no_face: str = "centre") -> P
 
 
 def load_ground_truth(path: Path, face=None, input_size: tuple[int, int] | None = None) -> np.ndarray:
-    """A real face of any size -> 32x32 through the same crop as the inputs: for an aligned face
-    (faces.Face), the ground truth is taken as the same photo at its own size, and cropped by the
-    face's transform scaled to it."""
+    """A real face of any size -> 32x32 through the same crop as the inputs: for a face of a photo
+    (faces.Face), the ground truth is taken as the same photo at its own size and cropped as the
+    face was (faces.crop_like)."""
     if face is None or input_size is None:
         _, real = read_input(path)
         if real is None:
             raise BadImage(f"{path}: an 8x8 image cannot be a 32x32 ground truth")
         return real
     from . import faces as F
-    img = open_rgb(path)
-    sx, sy = input_size[0] / img.width, input_size[1] / img.height  # ground-truth px -> input px
-    return F.warp_crop(img, face.matrix @ np.diag([sx, sy, 1.0]))
+    return F.crop_like(open_rgb(path), face, input_size)
 
 
 def check_writable(folder: Path, what: str) -> None:

@@ -209,6 +209,19 @@ def test_box_and_centre_square(astronaut):
     assert c.how == "centre square" and c.box == (10.0, 0.0, 30.0, 20.0) and tuple(c.crop[0, 0]) == (255, 0, 0)
 
 
+def test_a_photo_cropped_like_its_face_gives_the_faces_own_crop(astronaut, celeba_photos):
+    """What the batch command crops a ground truth with: the photo itself gives each framing's
+    own crop exactly (the paper's crop and the centre square resample otherwise than a warp);
+    the same photo at twice the size gives nearly the same crop."""
+    photo = celeba_photos[0]
+    faces = [F.celeba_face(photo), F.centre_face(photo), F.centre_face(astronaut),
+             F.find_faces(astronaut)[0], F.face_in_box(astronaut, (181, 62, 268, 172))]
+    for face, img in zip(faces, [photo, photo, astronaut, astronaut, astronaut]):
+        assert np.array_equal(F.crop_like(img, face, img.size), face.crop), face.how
+        double = img.resize((2 * img.width, 2 * img.height), Image.Resampling.BICUBIC)
+        assert np.abs(F.crop_like(double, face, img.size).astype(int) - face.crop).mean() < 3, face.how
+
+
 def test_faces_of_says_what_it_found(astronaut):
     wall = Image.new("RGB", (200, 100), (90, 120, 150))
     assert F.faces_of(wall, if_none="skip") == ([], "no face found in the 200x100 photo")
