@@ -1,11 +1,13 @@
 """Weights I/O: round trip, and refusal (with a reason) of anything that does not match."""
 import json
+import os
 
 import pytest
 import torch
 
 from conftest import make_tiny
 from sr_blockwise.checkpoints import WeightsError, list_weights, load_model, save_weights
+from sr_blockwise.cli import main
 from sr_blockwise.model import preset
 
 
@@ -120,7 +122,6 @@ def test_cards_name_no_folder_of_the_machine_that_made_them(tmp_path, monkeypatc
 
 
 def test_export_refuses_what_is_not_a_training_checkpoint(tmp_path, tiny_weights, capsys):
-    from sr_blockwise.cli import main
     junk = tmp_path / "junk.pt"
     junk.write_bytes(bytes(range(256)) * 8)
     (tmp_path / "run").mkdir()
@@ -148,7 +149,6 @@ def test_a_name_with_a_dot_is_kept_whole(tmp_path):
 def test_export_takes_a_checkpoint_without_a_training_record(tmp_path, celeba_npz, capsys):
     """A .pt holding only the model and its config (saved by hand, not by `train`) is exported:
     its card has an empty training record, a held-out score, and the same weights."""
-    from sr_blockwise.cli import main
     m = make_tiny(4)
     torch.save({"model": m.state_dict(), "model_config": m.cfg.to_dict()}, tmp_path / "bare.pt")
     assert main(["export", str(tmp_path / "bare.pt"), "--name", "bare", "--out-dir", str(tmp_path / "out"),
@@ -161,3 +161,24 @@ def test_export_takes_a_checkpoint_without_a_training_record(tmp_path, celeba_np
     for (k, a), (_, b) in zip(m.state_dict().items(), load_model(js, dtype=torch.float32,
                                                                   for_inference=False).state_dict().items()):
         assert torch.equal(a, b), k
+
+
+def test_weights_lists_the_shipped_ones_and_refuses_a_missing_folder(capsys):
+    assert main(["weights"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu-finetuned" in out and "cpu-frozen" in out
+    assert main(["weights", "--dir", "/nonexistent-weights"]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """`sr-blockwise weights | head -0`: the reader gone before anything is written; the command
+    stops with the shell's code for it (141), no traceback."""
+    import subprocess
+    import sys
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.run([sys.executable, "-m", "sr_blockwise", "weights"], stdout=w, stderr=subprocess.PIPE,
+                       text=True, timeout=120)
+    os.close(w)
+    assert p.returncode == 141 and p.stderr == "", p.stderr

@@ -9,6 +9,7 @@ fast; upscale (`sr_blockwise/cli_upscale.py`) reads its choices from its config 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from dataclasses import fields
@@ -108,10 +109,15 @@ EXTRAS = {"gradio": "demo", "stlpips_pytorch": "eval", "torchsummary": "eval",
 
 def main(argv=None) -> int:
     try:
-        return run_command(argv)
+        rc = run_command(argv)
+        sys.stdout.flush()  # here, not at exit: a reader that stopped early is met inside this try
+        return rc
     except KeyboardInterrupt:  # e.g. while the commands' modules load, before one handles Ctrl-C itself
         print("\nsr-blockwise: stopped (Ctrl-C)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # its output piped into a reader that stopped early (| head): quiet, as other tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool the pipe stopped
 
 
 def run_command(argv=None) -> int:

@@ -7,7 +7,10 @@ from pathlib import Path
 def cmd_weights(a):
     from ..checkpoints import WEIGHTS_DIR, list_weights
 
-    ws = list_weights(Path(a.dir) if a.dir else WEIGHTS_DIR)
+    folder = Path(a.dir) if a.dir else WEIGHTS_DIR
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--dir {folder}: no such folder")
+    ws = list_weights(folder)
     if not ws:
         print(f"no weights in {a.dir or WEIGHTS_DIR}")
         return 1
@@ -21,6 +24,10 @@ def cmd_weights(a):
 
 
 def register(sub):
-    p = sub.add_parser("weights", help="list the shipped weights and their held-out scores")
-    p.add_argument("--dir", default=None)
+    p = sub.add_parser("weights", help="list the shipped weights and their held-out scores",
+                       description="List the weights in a folder (NAME.safetensors + NAME.json): name, "
+                                   "blockwise heads K, model width d, parameters, bits/dim on held-out "
+                                   "faces and the card's note. A shipped one loads as --weights NAME, one elsewhere as "
+                                   "--weights FOLDER/NAME.json.")
+    p.add_argument("--dir", default=None, help="the folder to list (default: the shipped weights/)")
     p.set_defaults(func=cmd_weights)
