@@ -727,7 +727,8 @@ def run(cfg: Config) -> int:
     import torch
     from tqdm import tqdm
 
-    from .api import Upscaler
+    from .api import Upscaler, pick_device
+    from .checkpoints import default_weights, read_card, resolve
     from .decoding import options_for
     from .model import SEQ_LEN
 
@@ -759,6 +760,9 @@ def run(cfg: Config) -> int:
         raise ValueError(f"--seed {cfg.seed}: must be a whole number in 0..{2 ** 32 - 1}")
     if cfg.guard is not None and not (math.isfinite(cfg.guard) and cfg.guard >= 0):
         raise ValueError(f"--guard {cfg.guard:g}: must be a number of intensity levels >= 0 (0: off)")
+    if cfg.prior_weight is not None and not (math.isfinite(cfg.prior_weight) and cfg.prior_weight >= 0):
+        raise ValueError(f"--prior-weight {cfg.prior_weight:g}: the input guidance must be a number >= 0 "
+                         "(1: the model as trained)")
     eps = 2 if cfg.eps is None else cfg.eps
     temperature = 1.0 if cfg.temperature is None else cfg.temperature
     jobs, ignored, info = plan(cfg)
@@ -806,6 +810,21 @@ def run(cfg: Config) -> int:
     if no_gt:
         say(f"warning: no ground truth in {cfg.ground_truth} for {len(no_gt)} of {len(todo)} inputs "
             f"(e.g. {no_gt[0].src}): they get no PSNR / SSIM")
+    # every check that needs no model, before a dry run lists the work: it refuses what the run would
+    seed = 0 if cfg.seed is None else cfg.seed
+    options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=seed)  # made again with the model
+    pick_device(cfg.device)
+    card = resolve(cfg.weights or default_weights())
+    heads = read_card(card)["config"]["n_blockwise"] if card.suffix == ".json" else None  # a .pt: once loaded
+    if cfg.k is not None and heads is not None and cfg.k > heads:
+        raise ValueError(f"--k {cfg.k}: these weights have {heads} blockwise heads, so --k must be in 1..{heads}")
+    # OUTDIR (where there is anything to write) and the metrics file's folder must take files
+    if todo:
+        check_writable(Path(cfg.outdir), "OUTDIR")
+    if mpath:
+        if Path(mpath).is_dir():
+            raise ValueError(f"--metrics {mpath} is a folder; name a .csv or .json file")
+        check_writable(Path(mpath).parent, "--metrics folder")
     if cfg.dry_run:
         for j in jobs:
             print(f"{'skip' if id(j) in skip else 'todo'}\t{_shown(j.src)}\t{_shown(j.out)}")
@@ -816,9 +835,6 @@ def run(cfg: Config) -> int:
                                     | ({Path(mpath).parent} if mpath else set())))
     if swept:
         say(f"removed {_count(swept, 'temporary file')} that a killed run left")
-    # a bad mode fails here, before the model loads (the options are made again with the model)
-    seed = 0 if cfg.seed is None else cfg.seed
-    options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
@@ -835,14 +851,6 @@ def run(cfg: Config) -> int:
     if todo and why and device == "cpu":  # on a GPU the PyTorch engine is the one meant
         print(f"warning: decoding on the PyTorch engine, many times slower than the native one: {why}",
               file=sys.stderr)
-    # OUTDIR (where there is anything to write) and the metrics file's folder must take files:
-    # checked before any decoding
-    if todo:
-        check_writable(Path(cfg.outdir), "OUTDIR")
-    if mpath:
-        if Path(mpath).is_dir():
-            raise ValueError(f"--metrics {mpath} is a folder; name a .csv or .json file")
-        check_writable(Path(mpath).parent, "--metrics folder")
 
     s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
     settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,

@@ -405,11 +405,15 @@ def test_planning_rules(tmp_path, capsys, rng):
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "sample", "--temperature", "inf"],
      "--temperature inf: must be a finite number above 0"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "sample", "--seed", "-1"], "--seed -1: must be a whole"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--prior-weight", "-1"], "--prior-weight -1: the input guidance"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--weights", "no-such-weights"], "no weights named"),
+    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--device", "nodevice"], "device 'nodevice'"),
 ])
-def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, extra, message):
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])  # a dry run refuses the same
+def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, extra, message, dry_run):
     monkeypatch.setattr(upscale, "decode_batch", lambda *a, **k: pytest.fail("decoded before refusing"))
     save(tmp_path / "a" / "x.png", tiny8(rng))
-    args = extra(tmp_path)
+    args = extra(tmp_path) + (["--dry-run"] if dry_run else [])
     assert main(args + ([] if "--weights" in args else ["--weights", tiny_weights])) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
