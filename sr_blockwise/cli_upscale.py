@@ -49,7 +49,8 @@ def register(subparsers) -> None:
                    help="bf16, fp16 and fp32 are taken too")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
     p.add_argument("--ext", default="png", choices=sorted(SAVE_ARGS), help="output format (default png)")
-    p.add_argument("--suffix", default="", help="added to each output's name: face.jpg -> face{SUFFIX}.png")
+    p.add_argument("--suffix", default="", help="added to each output's name: face.jpg -> face{SUFFIX}.png "
+                                                   "(face{SUFFIX}_compare.png, face{SUFFIX}_pasted.png)")
     p.add_argument("--skip-existing", action="store_true", help="leave outputs that exist (resume a run)")
     p.add_argument("--compare", action="store_true",
                    help="also write NAME_compare.EXT: 8x8 input, bicubic, output (, ground truth)")

@@ -299,8 +299,9 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
         j.out = name(j, with_ext, "_face0" if cfg.faces == "all" else "")
         if cfg.compare:
             j.compare = j.out.with_name(f"{j.out.stem}_compare.{cfg.ext}")
-        if cfg.paste_back:
-            j.paste = name(j, with_ext, "_pasted")
+        if cfg.paste_back:  # NAME{SUFFIX}_pasted, as the compare strip: the suffix ends the output's name
+            whole = name(j, with_ext)
+            j.paste = whole.with_name(f"{whole.stem}_pasted.{cfg.ext}")
     outs = {}
     for j in ordered:
         for o in (j.out, j.compare, j.paste):

@@ -370,6 +370,13 @@ def test_planning_rules(tmp_path, capsys, rng):
     assert [Path(o).relative_to(out).as_posix() for _, _, o in rows] == ["sub/face.png"]
 
 
+def test_the_suffix_ends_the_name_before_compare_and_pasted(tmp_path, fast, rng):
+    save(tmp_path / "in" / "x.png", tiny8(rng))
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "in"), "-o", str(out), "--suffix", "_x4", "--compare", "--paste-back"] + fast) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["x_x4.png", "x_x4_compare.png", "x_x4_pasted.png"]
+
+
 @pytest.mark.parametrize("extra, message", [
     (lambda t: [str(t / "a"), "-o", str(t / "a")], "is the input folder"),
     (lambda t: [str(t / "a" / "x.png"), "-o", str(t / "a")], "would overwrite"),
