@@ -470,6 +470,12 @@ def save_atomic(img: np.ndarray, path: Path, ext: str) -> None:
     try:
         Image.fromarray(img).save(tmp, format=fmt, exif=exif.tobytes(), **kw)
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno is None or e.filename not in (str(tmp), tmp):
+            raise
+        # the message names the output, not the hidden temporary file it was being written as
+        raise OSError(e.errno, e.strerror, str(path)) from None  # OSError(errno, ...) is PermissionError etc.
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

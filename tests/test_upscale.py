@@ -845,3 +845,12 @@ def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, 
     assert "warning" not in capsys.readouterr().err
     assert Image.open(tmp_path / "out3" / "pair_face0_pasted.png").size == (832 * 4, 512 * 4)
     assert Image.open(tmp_path / "out3" / "tiny_pasted.png").size == (32, 32)  # an 8x8 input: its result
+
+
+def test_a_failed_write_names_the_output_not_its_temporary_file(tmp_path, monkeypatch):
+    def read_only(self, fp, *args, **kwargs):
+        raise OSError(30, "Read-only file system", str(fp))
+    monkeypatch.setattr(Image.Image, "save", read_only)
+    with pytest.raises(OSError) as e:
+        upscale.save_atomic(np.zeros((32, 32, 3), np.uint8), tmp_path / "x.png", "png")
+    assert e.value.errno == 30 and e.value.filename == str(tmp_path / "x.png") and list(tmp_path.iterdir()) == []
