@@ -31,6 +31,8 @@ UPLOAD_MB = 64  # the largest upload the page takes
 CSS = """
 .pixelated img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
 .examples img { image-rendering: pixelated; }
+/* one face takes a sixth of the row, not all of it; below the label, which overlaps the first row */
+#faces .grid-container { grid-template-columns: repeat(6, minmax(0, 1fr)) !important; margin-top: 28px; }
 .legend { display: inline-block; width: 160px; height: 10px; border-radius: 3px; vertical-align: middle;
   background: linear-gradient(to right, #440154, #3b528b, #21918c, #5ec962, #fde725); }
 """
@@ -123,6 +125,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                             interactive=False, elem_id="view", height=320, buttons=[])
             faces = gr.Gallery(label="Faces found, aligned (click one; the largest is used by default)",
                                columns=6, height=320, allow_preview=False, format="png", elem_id="faces",
+                               object_fit="contain",
                                elem_classes="examples", buttons=[])
             corner = gr.State(None)  # the first corner of a box being drawn, in the photo's pixels
         with gr.Row():

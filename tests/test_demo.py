@@ -379,6 +379,8 @@ def test_browser(server, files, tmp_path, monkeypatch):
             expect(page.locator("#guidance input[type=number]")).to_have_value(f"{DEFAULT_PRIOR_WEIGHT:g}")
             expect(page.locator("#guard input[type=number]")).to_have_value(f"{DEFAULT_GUARD:g}")
             expect(page.locator("#faces img")).to_have_count(2, timeout=30_000)  # the gallery of faces found
+            # a face's thumbnail is a sixth of the gallery however few faces there are, not half or all of it
+            assert page.locator("#faces img").first.bounding_box()["width"] < page.locator("#faces").bounding_box()["width"] / 5
             page.locator("#faces img").nth(1).click()
             expect(page.locator("#choice textarea, #choice input").first).to_have_value("2", timeout=30_000)
             expect(page.locator("#note")).to_contain_text("face 2 of 2 found", timeout=30_000)
