@@ -242,18 +242,20 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
 
         # progress, queue position and errors show on one small status line, not on every image
         preview_outputs = [lr_img, real_img, note, view, faces, corner]
-        # a new input, or a refused one, clears the last decode's results: they belong to the input before
-        results_shown = [bicubic_img, status, *[c for m in outs for c in outs[m]], stats_json, pasted]
+        # a new input, or a refused one, clears the last decode's results and its face's 8x8 and
+        # real crop: they belong to the input before. Cleared first: a refused input stops the chain
+        results_shown = [bicubic_img, status, *[c for m in outs for c in outs[m]], stats_json, pasted,
+                         lr_img, real_img]
 
         def clear_results():
             return [("" if isinstance(c, gr.Markdown) else None) for c in results_shown]
         photo.change(lambda path: "", photo, choice, api_visibility="private", queue=False).then(
+            clear_results, None, results_shown, api_visibility="private", queue=False).then(
             preview, [photo, choice], preview_outputs, api_name="preview", concurrency_limit=4,
-            show_progress="minimal", show_progress_on=[note]).then(
-            clear_results, None, results_shown, api_visibility="private", queue=False)
-        choice.submit(preview, [photo, choice], preview_outputs, api_visibility="private",
-                      concurrency_limit=4, show_progress="minimal", show_progress_on=[note]).then(
-            clear_results, None, results_shown, api_visibility="private", queue=False)
+            show_progress="minimal", show_progress_on=[note])
+        choice.submit(clear_results, None, results_shown, api_visibility="private", queue=False).then(
+            preview, [photo, choice], preview_outputs, api_visibility="private",
+            concurrency_limit=4, show_progress="minimal", show_progress_on=[note])
 
         def pick_face(evt: gr.SelectData):  # gradio passes the click by this annotation
             return str(evt.index + 1)
@@ -271,13 +273,13 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
             return ", ".join(f"{v:.0f}" for v in box), None, gr.update()
 
         faces.select(pick_face, None, choice, api_visibility="private", queue=False).then(
-            preview, [photo, choice], preview_outputs, api_visibility="private").then(
-            clear_results, None, results_shown, api_visibility="private", queue=False)
+            clear_results, None, results_shown, api_visibility="private", queue=False).then(
+            preview, [photo, choice], preview_outputs, api_visibility="private")
         view.select(click_corner, [photo, corner], [choice, corner, view], api_visibility="private").then(
-            lambda path, c, first: preview(path, c) if first is None else (gr.update(),) * 6,
-            [photo, choice, corner], preview_outputs, api_visibility="private").then(
             lambda first: clear_results() if first is None else [gr.update()] * len(results_shown),
-            corner, results_shown, api_visibility="private", queue=False)
+            corner, results_shown, api_visibility="private", queue=False).then(
+            lambda path, c, first: preview(path, c) if first is None else (gr.update(),) * 6,
+            [photo, choice, corner], preview_outputs, api_visibility="private")
 
         def picker(paths):
             def pick(evt: gr.SelectData):  # gradio passes the click by this annotation

@@ -419,6 +419,11 @@ def test_browser(server, files, tmp_path, monkeypatch):
             expect(page.locator("#out-exact img")).to_have_count(0, timeout=30_000)
             expect(page.locator("#pasted img")).to_have_count(0, timeout=30_000)
             expect(page.locator("#stats-exact")).not_to_contain_text("model calls", timeout=30_000)
+            # a refused face choice clears what belonged to the face before it, as a new one does
+            page.locator("#choice textarea, #choice input").first.fill("9")
+            page.locator("#choice textarea, #choice input").first.press("Enter")
+            expect(page.get_by_text("face 9: 2 faces found").first).to_be_visible(timeout=30_000)
+            expect(page.locator("#lr img")).to_have_count(0, timeout=30_000)
 
             page.reload()  # a fresh page, with the upload box empty again
             page.locator("#photo input[type=file]").set_input_files(files["truncated"])
