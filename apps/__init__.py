@@ -7,6 +7,8 @@ import socket
 def check_port(host: str, port: int) -> None:
     """ValueError (the CLI's one-line error, exit 2) where the server could not listen on
     host:port, e.g. another server has it: said before any work, with the flag that fixes it."""
+    if not 0 <= port <= 65535:  # getaddrinfo would take it, and bind() raise OverflowError
+        raise ValueError(f"--port {port}: a port is a number in 0..65535")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:

@@ -446,3 +446,6 @@ def test_a_busy_port_is_refused_in_one_line_before_any_work(capsys):
             assert cli_main(args) == 2
             err = capsys.readouterr().err
             assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another --port" in err, err
+    for args in (["demo", "--port", "70000"], ["rate", "serve", "no-such-study", "--port", "99999"]):
+        assert cli_main(args) == 2
+        assert "a port is a number in 0..65535" in capsys.readouterr().err
