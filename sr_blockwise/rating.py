@@ -640,19 +640,22 @@ MAX_RATER_ID = 64
 
 class RatingDB:
     """The judgments of one study. One short connection per operation, so any number of server
-    threads and processes can write; SQLite serialises the writers."""
+    threads and processes can write; SQLite serialises the writers. create=False: an existing
+    database opened to read (analysis), which is never written to, also on read-only storage."""
 
     def __init__(self, path, study_id: str, create: bool = True):
         self.path = Path(path)
         self.study_id = study_id
+        self.read_only = not create
         if not self.path.exists() and not create:
             raise StudyError(f"no ratings database at {self.path} (nobody has rated yet: start `sr-blockwise rate serve`)")
         try:
             with closing(self.connect()) as con:
-                con.execute("PRAGMA journal_mode=WAL")
+                if create:
+                    con.execute("PRAGMA journal_mode=WAL")
                 tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-                if tables and "meta" not in tables:
-                    raise StudyError(f"{self.path} is not a ratings database (tables: {', '.join(sorted(tables))})")
+                if tables and "meta" not in tables or not tables and not create:
+                    raise StudyError(f"{self.path} is not a ratings database (tables: {', '.join(sorted(tables)) or 'none'})")
                 if not tables:
                     con.execute("BEGIN IMMEDIATE")
                     for stmt in SCHEMA.split(";"):
@@ -671,11 +674,31 @@ class RatingDB:
                              f"not of study {study_id}; give this study its own --db")
 
     def connect(self) -> sqlite3.Connection:
+        if self.read_only:
+            return self._connect_to_read()
         con = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # we BEGIN/COMMIT ourselves
         con.execute("PRAGMA busy_timeout=30000")
         con.execute("PRAGMA synchronous=FULL")  # COMMIT returns once the judgment is on disk
         con.execute("PRAGMA foreign_keys=ON")
         return con
+
+    def _connect_to_read(self) -> sqlite3.Connection:
+        uri = self.path.resolve().as_uri()
+        con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30, isolation_level=None)
+        try:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return con
+        except sqlite3.OperationalError:
+            con.close()
+        # a WAL database's reader needs its shared-memory file (NAME-shm) beside it, which read-only
+        # storage cannot take. Without a write-ahead log the file itself holds every judgment and
+        # reads as immutable (no lock files); with one, some may be only in the log
+        wal = self.path.with_name(self.path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StudyError(f"{self.path} cannot be read in place (read-only storage?) and some judgments may be "
+                             f"only in its write-ahead log {wal.name}: copy the folder somewhere writable and "
+                             "analyze the copy")
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
 
     def _write(self, sql: str, params=()) -> int:
         with closing(self.connect()) as con:

@@ -405,6 +405,35 @@ def test_analyze_command_on_study(study_copy, tmp_path, capsys):
     assert md_path.read_text().strip() == out.strip()
 
 
+def test_analyze_reads_a_study_on_read_only_storage(study_copy, tmp_path):
+    """An archived study on a read-only mount (SQLite cannot make the reader's NAME-shm there)
+    analyzes as it does where it was rated; judgments that may be only in a write-ahead log
+    there are said, not silently left out. The mount is made in a private mount namespace."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare -m needs root)")
+    st = rating.open_study(study_copy)
+    svc = RatingService(st, trials_per_rater=0, min_answer_ms=0)
+    s = svc.begin("x", consent=True)
+    s["practice"] = N_PRACTICE
+    while (sh := svc.show(s)) is not None:
+        svc.answer(s, "left")
+    archive = tmp_path / "archive"
+    shutil.copytree(study_copy, archive, ignore=shutil.ignore_patterns("ratings.sqlite-*"))
+
+    def analyze_read_only():
+        cmd = f"mount --bind -o ro {archive} {archive} && {sys.executable} -m sr_blockwise rate analyze {archive} --boot 100"
+        return subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+    before = (archive / "ratings.sqlite").read_bytes()
+    r = analyze_read_only()
+    assert r.returncode == 0, r.stderr
+    assert f"1 raters (0 excluded), {len(svc.db.judgments())} judgments recorded" in r.stdout, r.stdout
+    assert (archive / "ratings.sqlite").read_bytes() == before
+    (archive / "ratings.sqlite-wal").write_bytes(b"\0" * 4096)
+    r = analyze_read_only()
+    assert r.returncode == 2 and "write-ahead log ratings.sqlite-wal: copy the folder somewhere writable" in r.stderr, r.stderr
+
+
 # ---------------------------------------------------------------- the real server in a real browser
 
 def _free_port() -> int:
