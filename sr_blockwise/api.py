@@ -30,6 +30,10 @@ from PIL import Image
 from . import data
 
 DTYPES = ("bfloat16", "float16", "float32")
+# the API's, the batch command's and the demo's, so that each gives the others' faces for the same
+# settings (the dtype rounds the keys and values: other dtypes give other faces of the same
+# quality, experiments/decode-dtype/)
+DEFAULT_DTYPE = "bfloat16"
 SHORT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # evaluate's records spell them so
 
 
@@ -100,7 +104,7 @@ class Upscaler:
     products' precision (the priors and output layer stay float32). Bad weights raise
     checkpoints.WeightsError, a ValueError saying why."""
 
-    def __init__(self, weights: str | Path | None = None, device: str = "auto", dtype="bfloat16"):
+    def __init__(self, weights: str | Path | None = None, device: str = "auto", dtype=DEFAULT_DTYPE):
         from .checkpoints import default_weights, load_model
         self.dtype = torch_dtype(dtype)
         self.device = pick_device(device)

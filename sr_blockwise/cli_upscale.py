@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from .api import DTYPES, dtype_name
+from .api import DEFAULT_DTYPE, DTYPES, dtype_name
 from .upscale import FACES, NO_FACE, SAVE_ARGS, Config, run
 
 
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     p.add_argument("--weights", default=None, help="weights name or .json path (default: the shipped default)")
     p.add_argument("--batch-size", type=int, default=16, help="images decoded together (default 16)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="bfloat16", type=dtype_name, choices=DTYPES,
+    p.add_argument("--dtype", default=DEFAULT_DTYPE, type=dtype_name, choices=DTYPES,
                    help="bf16, fp16 and fp32 are taken too")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
     p.add_argument("--ext", default="png", choices=sorted(SAVE_ARGS), help="output format (default png)")

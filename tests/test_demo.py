@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from apps.demo import build_app, launch, register
+from sr_blockwise.api import DEFAULT_DTYPE, torch_dtype
 from apps.examples import builtin_examples, celeba_examples
 from sr_blockwise import faces as F
 from sr_blockwise.checkpoints import load_model
@@ -45,7 +46,7 @@ def model(tiny_weights):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine is shared: one thread decodes the tiny model fastest
     shipped = os.environ.get("SR_BLOCKWISE_DEMO_WEIGHTS")  # the screenshot: as `sr-blockwise demo` loads them
-    yield load_model(shipped, dtype=torch.float32) if shipped else load_model(tiny_weights)
+    yield load_model(shipped, dtype=torch_dtype(DEFAULT_DTYPE)) if shipped else load_model(tiny_weights)
     torch.set_num_threads(threads)
 
 
@@ -102,7 +103,7 @@ def test_register_and_missing_weights(tiny_weights, monkeypatch):
     p = argparse.ArgumentParser()
     register(p.add_subparsers(dest="command"))
     args = p.parse_args(["demo", "--weights", "/nonexistent/weights.json", "--port", "7999"])
-    assert (args.host, args.port, args.share, args.dtype) == ("127.0.0.1", 7999, False, "float32")
+    assert (args.host, args.port, args.share, args.dtype) == ("127.0.0.1", 7999, False, DEFAULT_DTYPE)
     with pytest.raises(ValueError, match="no weights"):  # the CLI prints it as a one-line error
         args.func(args)
 

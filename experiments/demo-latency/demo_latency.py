@@ -3,13 +3,16 @@
 # calls, no server), (c) through the real Gradio server's /upscale API (gradio_client, no browser),
 # each with the decode at 2 torch threads and at 1. The apps' exact and approximate modes
 # (decoding.options_for: exact recycles proposals, approx proposes window centres, eps 2) at k=6
-# or --k, input guidance 2, float32 (the demo's dtype).
-#   .venv/bin/python experiments/demo-latency/demo_latency.py [--repeats 2] [--k K]
-# Logs beside this script: demo_latency.log (k=6), demo_latency_k2.log and demo_latency_k4.log.
+# or --k, input guidance 2, the weights in --dtype (default: the demo's, api.DEFAULT_DTYPE).
+#   .venv/bin/python experiments/demo-latency/demo_latency.py [--repeats 2] [--k K] [--dtype D]
+# Logs beside this script: demo_latency.log (k=6), demo_latency_k2.log and demo_latency_k4.log
+# (--dtype float32), demo_latency_k4_bfloat16.log and demo_latency_k4_float32_again.log (the two
+# run one after the other).
 import argparse, os, socket, time
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False"); os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from PIL import Image
+from sr_blockwise.api import DEFAULT_DTYPE, torch_dtype
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
 from sr_blockwise.decoding import decode, options_for
@@ -20,9 +23,10 @@ p.add_argument("--repeats", type=int, default=2)
 p.add_argument("--threads", default="2,1", help="torch threads of the decode to compare")
 p.add_argument("--server-only", action="store_true")
 p.add_argument("--k", type=int, default=6, help="block size of both decodes (the page starts at 4)")
+p.add_argument("--dtype", default=DEFAULT_DTYPE, choices=["bfloat16", "float32"])
 a = p.parse_args()
 THREADS = [int(n) for n in a.threads.split(",")]
-model = load_model("cpu-finetuned", dtype=torch.float32)
+model = load_model("cpu-finetuned", dtype=torch_dtype(a.dtype))
 face = load_faces(part="test").images[1]
 lr = downsample_8(face[None])[0]
 import tempfile
