@@ -2,8 +2,9 @@
 the faces that do not collapse?
 
 The first N held-out test faces are decoded with the shipped cpu-finetuned weights at the apps'
-input guidance (2), float32, on the native engine, in exact mode (identical to greedy) and in
-approximate mode (eps-window=2, k=4), without the guard and at each tolerance of --guards. A face
+input guidance (2), float32, on the native engine, in exact mode (identical to greedy), in
+approximate mode (eps-window=2, k=4) and, with --sample-guards, in sample mode (k=4, seed
+0, --temperature), without the guard and at each tolerance of --guards. A face
 "collapses" where a 4x4 cell of the decoder's own output is more than 48 levels off its 8x8
 input pixel in some channel (experiments/input-guidance/'s definition). Scores: outputs matched
 to the input, as users get them, against the real 32x32 face; each guarded row's differences
@@ -13,6 +14,8 @@ from the unguarded one of its mode come with their standard error over the faces
     PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards 32 --slopes 2 4 --approx-guards   # slope.log
     PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards 32 --slopes 8 16 --approx-guards   # slope_steep.log (slope 8 only)
     PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards --slopes 4 --approx-guards 32   # approx_slope4.log
+    PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards --slopes 4 --approx-guards --sample-guards 32   # sample.log
+    PYTHONPATH=. python experiments/cell-guard/guard.py -n 1024 --guards --slopes 4 --approx-guards --sample-guards 32 --temperature 0.8   # sample_t08.log
 """
 import argparse
 import time
@@ -29,6 +32,9 @@ p = argparse.ArgumentParser()
 p.add_argument("-n", type=int, default=1024, help="held-out test faces (the first n)")
 p.add_argument("--guards", type=float, nargs="*", default=[24, 32, 40])
 p.add_argument("--approx-guards", type=float, nargs="*", default=[32])
+p.add_argument("--sample-guards", type=float, nargs="*", default=[],
+               help="tolerances for sample mode (k=4, seed 0: each guard's samples use the same noise)")
+p.add_argument("--temperature", type=float, default=1.0, help="sample mode's (the batch command's default 1, the demo's 0.8)")
 p.add_argument("--slopes", type=float, nargs="+", default=[1.0],
                help="the guard's slope (decoding.GUARD_SLOPE, nats a level), each guard at each")
 p.add_argument("--collapse", type=int, default=48)
@@ -71,7 +77,8 @@ print(f"# {args.n} held-out faces, shipped cpu-finetuned, float32, input guidanc
 print("| decoding | collapsed | alex | vgg | PSNR | SSIM | mean block | s a face (one run) | "
       "vs unguarded, all faces: alex / vgg / PSNR / SSIM | on the faces the unguarded mode collapsed on |")
 print("|---|---|---|---|---|---|---|---|---|---|")
-for mode, guards in (("exact:k=2:w=2", args.guards), ("eps-window=2:k=4:w=2", args.approx_guards)):
+for mode, guards in (("exact:k=2:w=2", args.guards), ("eps-window=2:k=4:w=2", args.approx_guards),
+                     (f"sample:k=4:w=2:T={args.temperature:g}", args.sample_guards)):
     if not guards:
         continue
     base = None
