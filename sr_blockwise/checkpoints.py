@@ -96,6 +96,19 @@ def read_card(json_path: Path) -> dict:
     return card
 
 
+def card_config(path: Path) -> tuple[dict, ModelConfig]:
+    """A weights card (.json) and its model config, its tensor file there: what can be checked
+    without reading the tensors (their sha256 is checked when they load)."""
+    card = read_card(path)
+    st = path.parent / card["file"]
+    if not st.is_file():
+        raise WeightsError(f"{path}: its tensor file {st.name} is missing")
+    try:
+        return card, ModelConfig.from_dict(card["config"])
+    except (TypeError, ValueError, AttributeError) as e:
+        raise WeightsError(f"{path}: bad model config ({e})") from None
+
+
 def read_checkpoint(path: Path) -> dict:
     """A training checkpoint's contents, loaded weights-only: plain tensors and numbers, never
     pickled objects. WeightsError, with a one-line reason, for anything else."""
@@ -123,16 +136,10 @@ def load_model(name_or_path: str | Path = DEFAULT_WEIGHTS, dtype: torch.dtype = 
         except Exception as e:
             raise WeightsError(f"{path}: not a usable training checkpoint ({type(e).__name__}: {e})") from None
     else:
-        card = read_card(path)
+        card, cfg = card_config(path)
         st = path.parent / card["file"]
-        if not st.is_file():
-            raise WeightsError(f"{path}: its tensor file {st.name} is missing")
         if verify_sha and sha256_of(st) != card["sha256"]:
             raise WeightsError(f"{st}: sha256 does not match {path.name}: the file is corrupt or altered")
-        try:
-            cfg = ModelConfig.from_dict(card["config"])
-        except (TypeError, ValueError) as e:
-            raise WeightsError(f"{path}: bad model config ({e})") from None
         state = load_file(str(st))
     if expect is not None and expect.to_dict() != cfg.to_dict():
         diff = {k: (v, expect.to_dict()[k]) for k, v in cfg.to_dict().items() if expect.to_dict()[k] != v}

@@ -91,7 +91,7 @@ def register(subparsers) -> None:
                    help="also write NAME_pasted.EXT: the photo enlarged 4x, each face replaced by its result "
                         "(warped back, blended in with a feathered mask); large photos at a smaller scale, "
                         "at most 64 MP")
-    p.add_argument("--dry-run", action="store_true", help="list what would be done (todo/skip, input, output), after the same argument "
-                                                         "checks as a run; loads no model")
+    p.add_argument("--dry-run", action="store_true", help="list what would be done (todo/skip, input, output) after the argument "
+                                                         "checks that need no model (not --device: the machine's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary; failures still go to stderr")
     p.set_defaults(func=cmd_upscale)

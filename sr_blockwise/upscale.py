@@ -19,6 +19,7 @@ Safety rules, each enforced below:
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import hashlib
@@ -37,6 +38,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from PIL import Image
 
+from .api import DEFAULT_DTYPE
 from .data import IMAGE_EXTS, BadImage, bicubic_upscale, enlarge, image_to_input, match_input, open_rgb, read_input
 from .faces import WHICH as FACES  # --faces: largest, all, none
 from .metrics import PSNR_SETTINGS, SSIM_SETTINGS, psnr, ssim
@@ -83,7 +85,7 @@ class Config:
     weights: str | None = None
     batch_size: int = 16
     device: str = "auto"
-    dtype: str = "bfloat16"
+    dtype: str = DEFAULT_DTYPE
     threads: int = 0
     ext: str = "png"
     suffix: str = ""
@@ -467,17 +469,22 @@ def save_atomic(img: np.ndarray, path: Path, ext: str) -> None:
     tmp = _temp_name(path)
     exif = Image.Exif()
     exif[_EXIF_SOFTWARE] = SOFTWARE
-    try:
+    with _written_as(tmp, path):
         Image.fromarray(img).save(tmp, format=fmt, exif=exif.tobytes(), **kw)
         os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        if e.errno is None or e.filename not in (str(tmp), tmp):
-            raise
-        # the message names the output, not the hidden temporary file it was being written as
-        raise OSError(e.errno, e.strerror, str(path)) from None  # OSError(errno, ...) is PermissionError etc.
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _written_as(tmp: Path, path: Path):
+    """Around writing `path` as the temporary file `tmp`: where it fails, tmp is removed and an
+    error about tmp names path (the user's file, not a hidden name)."""
+    try:
+        yield
+    except BaseException as e:
+        with contextlib.suppress(OSError):  # a read-only file system refuses even the unlink
+            tmp.unlink()
+        if isinstance(e, OSError) and e.errno is not None and e.filename in (str(tmp), tmp):
+            raise OSError(e.errno, e.strerror, str(path)) from None  # OSError(errno, ...) is PermissionError etc.
         raise
 
 
@@ -642,7 +649,7 @@ class Metrics:
         self.last = time.time()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = _temp_name(self.path)
-        try:
+        with _written_as(tmp, self.path):
             if self.path.suffix == ".json":
                 doc = {"settings": self.settings, "summary": {
                     "finished": finished, "done": summary.done, "skipped": summary.skipped, "failed": len(summary.failed),
@@ -656,9 +663,6 @@ class Metrics:
                     w.writeheader()
                     w.writerows(self.rows)
             os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
 
 
 def metrics_path(path: str | None, shard: tuple[int, int]) -> str | None:
@@ -735,7 +739,7 @@ def run(cfg: Config) -> int:
     from tqdm import tqdm
 
     from .api import Upscaler, pick_device
-    from .checkpoints import default_weights, read_card, resolve
+    from .checkpoints import card_config, default_weights, resolve
     from .decoding import options_for
     from .model import SEQ_LEN
 
@@ -820,9 +824,10 @@ def run(cfg: Config) -> int:
     # every check that needs no model, before a dry run lists the work: it refuses what the run would
     seed = 0 if cfg.seed is None else cfg.seed
     options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=seed)  # made again with the model
-    pick_device(cfg.device)
+    if not cfg.dry_run:  # the machine's, not the arguments': a dry run may plan the work elsewhere
+        pick_device(cfg.device)
     card = resolve(cfg.weights or default_weights())
-    heads = read_card(card)["config"]["n_blockwise"] if card.suffix == ".json" else None  # a .pt: once loaded
+    heads = card_config(card)[1].n_blockwise if card.suffix == ".json" else None  # a .pt's: once it loads
     if cfg.k is not None and heads is not None and cfg.k > heads:
         raise ValueError(f"--k {cfg.k}: these weights have {heads} blockwise heads, so --k must be in 1..{heads}")
     # OUTDIR (where there is anything to write) and the metrics file's folder must take files

@@ -414,7 +414,6 @@ def test_the_suffix_ends_the_name_before_compare_and_pasted(tmp_path, fast, rng)
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--mode", "sample", "--seed", "-1"], "--seed -1: must be a whole"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--prior-weight", "-1"], "--prior-weight -1: the input guidance"),
     (lambda t: [str(t / "a"), "-o", str(t / "out"), "--weights", "no-such-weights"], "no weights named"),
-    (lambda t: [str(t / "a"), "-o", str(t / "out"), "--device", "nodevice"], "device 'nodevice'"),
 ])
 @pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])  # a dry run refuses the same
 def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, extra, message, dry_run):
@@ -423,6 +422,15 @@ def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, 
     args = extra(tmp_path) + (["--dry-run"] if dry_run else [])
     assert main(args + ([] if "--weights" in args else ["--weights", tiny_weights])) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_device_is_checked_by_the_run_not_the_dry_run(tmp_path, tiny_weights, capsys, rng):
+    """A dry run may plan the work of another machine (e.g. the shards of a GPU cluster)."""
+    save(tmp_path / "a" / "x.png", tiny8(rng))
+    args = [str(tmp_path / "a"), "-o", str(tmp_path / "out"), "--device", "nodevice", "--weights", tiny_weights]
+    assert main(args) == 2 and "device 'nodevice'" in capsys.readouterr().err
+    assert main(args + ["--dry-run"]) == 0 and "todo" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
 
 
@@ -848,9 +856,34 @@ def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, 
 
 
 def test_a_failed_write_names_the_output_not_its_temporary_file(tmp_path, monkeypatch):
-    def read_only(self, fp, *args, **kwargs):
-        raise OSError(30, "Read-only file system", str(fp))
+    def read_only(self, *args, **kwargs):
+        raise OSError(30, "Read-only file system", str(args[0] if args else self))
     monkeypatch.setattr(Image.Image, "save", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)  # a read-only file system refuses even that
     with pytest.raises(OSError) as e:
         upscale.save_atomic(np.zeros((32, 32, 3), np.uint8), tmp_path / "x.png", "png")
     assert e.value.errno == 30 and e.value.filename == str(tmp_path / "x.png") and list(tmp_path.iterdir()) == []
+
+
+def test_a_photo_as_its_own_ground_truth_is_scored_against_its_inputs_crop(tmp_path, fast, rng):
+    """--ground-truth crops the truth as the input's face was cropped: a photo that is its own
+    ground truth scores the output against the input's own 32x32 crop (a CelebA photo's paper
+    crop and a centre square resample otherwise than a face's warp)."""
+    from sr_blockwise.data import DEFAULT_DATA
+    from sr_blockwise.faces import celeba_face, centre_face
+    from sr_blockwise.metrics import psnr
+    folder = DEFAULT_DATA / "celeba" / "img_align_celeba"
+    if not folder.is_dir():
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"CelebA photos not found at {folder}")
+    photos = {"celeba": Image.open(sorted(folder.glob("*.jpg"))[-16]).convert("RGB"),  # 178x218
+              "wall": Image.fromarray(photo(rng, 60, 90))}
+    for name, img in photos.items():
+        for d in ("in", "gt"):
+            save(tmp_path / d / f"{name}.png", np.asarray(img))
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "in"), "-o", str(out), "--ground-truth", str(tmp_path / "gt"), "--faces", "none",
+                 "--metrics", str(tmp_path / "m.json")] + fast) == 0
+    rows = {Path(r["input"]).stem: r for r in json.loads((tmp_path / "m.json").read_text())["images"]}
+    for name, face in (("celeba", celeba_face(photos["celeba"])), ("wall", centre_face(photos["wall"]))):
+        result = np.asarray(Image.open(out / f"{name}.png"))
+        assert rows[name]["psnr"] == pytest.approx(float(psnr(face.crop, result)[0]), abs=1e-9), name
