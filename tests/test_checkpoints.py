@@ -181,4 +181,16 @@ def test_output_into_a_closed_pipe_ends_quietly():
     p = subprocess.run([sys.executable, "-m", "sr_blockwise", "weights"], stdout=w, stderr=subprocess.PIPE,
                        text=True, timeout=120)
     os.close(w)
-    assert p.returncode == 141 and p.stderr == "", p.stderr
+    assert p.returncode == 141 and "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_a_failure(monkeypatch):
+    """Only a closed reader of the output ends quietly: a pipe or socket of the command's own
+    that breaks is an error to show."""
+    import sr_blockwise.cli as cli
+
+    def breaks(argv=None):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(cli, "run_command", breaks)  # under pytest's capture: stdout is no closed pipe
+    with pytest.raises(BrokenPipeError):
+        cli.main(["weights"])

@@ -115,9 +115,26 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # e.g. while the commands' modules load, before one handles Ctrl-C itself
         print("\nsr-blockwise: stopped (Ctrl-C)", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # its output piped into a reader that stopped early (| head): quiet, as other tools
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+    except BrokenPipeError:
+        if not stdout_reader_gone():  # another pipe or socket broke: a failure to show
+            raise
+        # the output went to a reader that stopped early (| head): quiet, as other tools
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit's flush does not fail again
+        os.close(devnull)
         return 141  # 128 + SIGPIPE, what a shell reports for a tool the pipe stopped
+
+
+def stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe whose reading end is closed."""
+    import select
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object with no file (a test's capture)
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 def run_command(argv=None) -> int:

@@ -9,7 +9,8 @@ def cmd_weights(a):
 
     folder = Path(a.dir) if a.dir else WEIGHTS_DIR
     if not folder.is_dir():
-        raise FileNotFoundError(f"--dir {folder}: no such folder")
+        raise FileNotFoundError(f"--dir {folder}: no such folder" if a.dir else
+                                f"the shipped weights' folder {folder} is missing: reinstall the package")
     ws = list_weights(folder)
     if not ws:
         print(f"no weights in {a.dir or WEIGHTS_DIR}")
