@@ -425,6 +425,7 @@ def test_browser(server, files, tmp_path, monkeypatch):
             page.locator("#choice textarea, #choice input").first.press("Enter")
             expect(page.get_by_text("face 9: 2 faces found").first).to_be_visible(timeout=30_000)
             expect(page.locator("#lr img")).to_have_count(0, timeout=30_000)
+            expect(page.locator("#note")).not_to_contain_text("face 2 of 2", timeout=30_000)
 
             page.reload()  # a fresh page, with the upload box empty again
             page.locator("#photo input[type=file]").set_input_files(files["truncated"])
