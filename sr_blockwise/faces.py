@@ -528,8 +528,6 @@ def centre_face(img: Image.Image) -> Face:
     return Face(tuple(float(v) for v in box), None, 0.0, m, crop, lr, "centre square")
 
 
-# ---------------------------------------------------------------- paste back
-
 def crop_like(img: Image.Image, face: Face, photo_size: tuple[int, int]) -> np.ndarray:
     """The 32x32 crop of `img`, the face's photo (photo_size) or the same scene at another size
     (e.g. its ground truth), made as face.crop was: the paper's crop and the centre square by
@@ -543,6 +541,8 @@ def crop_like(img: Image.Image, face: Face, photo_size: tuple[int, int]) -> np.n
     sx, sy = photo_size[0] / img.width, photo_size[1] / img.height  # img px -> photo px
     return warp_crop(img, face.matrix @ np.diag([sx, sy, 1.0]))
 
+
+# ---------------------------------------------------------------- paste back
 
 def paste_scale(size: tuple[int, int], scale: float = PASTE_SCALE, max_pixels: int = PASTE_MAX_PIXELS) -> float:
     """The enlargement of a pasted-back photo: `scale`, less where the result would pass max_pixels."""

@@ -3,6 +3,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -421,7 +422,8 @@ def test_analyze_reads_a_study_on_read_only_storage(study_copy, tmp_path):
     shutil.copytree(study_copy, archive, ignore=shutil.ignore_patterns("ratings.sqlite-*"))
 
     def analyze_read_only():
-        cmd = f"mount --bind -o ro {archive} {archive} && {sys.executable} -m sr_blockwise rate analyze {archive} --boot 100"
+        here, python = shlex.quote(str(archive)), shlex.quote(sys.executable)
+        cmd = f"mount --bind -o ro {here} {here} && {python} -m sr_blockwise rate analyze {here} --boot 100"
         return subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
     before = (archive / "ratings.sqlite").read_bytes()

@@ -33,7 +33,9 @@ p.add_argument("-n", type=int, default=1024, help="held-out test faces (the firs
 p.add_argument("--guards", type=float, nargs="*", default=[24, 32, 40])
 p.add_argument("--approx-guards", type=float, nargs="*", default=[32])
 p.add_argument("--sample-guards", type=float, nargs="*", default=[],
-               help="tolerances for sample mode (k=4, seed 0: each guard's samples use the same noise)")
+               help="tolerances for sample mode (k=4, seed 0: each guard's samples use the same noise; "
+                    "an image's noise follows from its place in its batch of --batch-size, so faces a "
+                    "batch apart share draws, which the with / without comparison does not mind)")
 p.add_argument("--temperature", type=float, default=1.0, help="sample mode's (the batch command's default 1, the demo's 0.8)")
 p.add_argument("--slopes", type=float, nargs="+", default=[1.0],
                help="the guard's slope (decoding.GUARD_SLOPE, nats a level), each guard at each")
