@@ -688,8 +688,10 @@ class RatingDB:
         try:
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()
             return con
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError as e:
             con.close()
+            if "unable to open" not in str(e):  # e.g. locked: not a question of where it lies
+                raise
         # a WAL database's reader needs its shared-memory file (NAME-shm) beside it, which read-only
         # storage cannot take. Without a write-ahead log the file itself holds every judgment and
         # reads as immutable (no lock files); with one, some may be only in the log
