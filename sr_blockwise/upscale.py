@@ -827,9 +827,11 @@ def run(cfg: Config) -> int:
     if not cfg.dry_run:  # the machine's, not the arguments': a dry run may plan the work elsewhere
         pick_device(cfg.device)
     card = resolve(cfg.weights or default_weights())
-    heads = card_config(card)[1].n_blockwise if card.suffix == ".json" else None  # a .pt's: once it loads
-    if cfg.k is not None and heads is not None and cfg.k > heads:
-        raise ValueError(f"--k {cfg.k}: these weights have {heads} blockwise heads, so --k must be in 1..{heads}")
+
+    def check_k(heads: int | None) -> None:  # k beyond the model's heads: a bad argument, before any work
+        if cfg.k is not None and heads is not None and cfg.k > heads:
+            raise ValueError(f"--k {cfg.k}: these weights have {heads} blockwise heads, so --k must be in 1..{heads}")
+    check_k(card_config(card)[1].n_blockwise if card.suffix == ".json" else None)  # a .pt's: once it loads
     # OUTDIR (where there is anything to write) and the metrics file's folder must take files
     if todo:
         check_writable(Path(cfg.outdir), "OUTDIR")
@@ -851,10 +853,8 @@ def run(cfg: Config) -> int:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     up = Upscaler(cfg.weights, device=cfg.device, dtype=cfg.dtype)
-    # the weights' default guidance where none is given; k beyond this model's heads etc.: a bad
-    # argument, before any work
-    if cfg.k is not None and cfg.k > up.max_k:
-        raise ValueError(f"--k {cfg.k}: these weights have {up.max_k} blockwise heads, so --k must be in 1..{up.max_k}")
+    check_k(up.max_k)  # a training checkpoint's heads are known once it loads
+    # the weights' default guidance where none is given, the mode checked against these weights
     opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=seed,
                       prior_weight=cfg.prior_weight, guard=cfg.guard)
     prior_weight, guard, weights, device = opts.prior_weight, opts.guard, up.weights, up.device
