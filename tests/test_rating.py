@@ -387,14 +387,19 @@ def test_analyze_recovers_known_preference(tmp_path):
     assert len(lines) == len(rows) + 1 and lines[0].endswith("rater_excluded")
 
 
+def rate_every_pair(svc, rater: str, side=lambda shown: "left") -> None:
+    """A rater, past the practice pairs, answering every pair of the plan."""
+    s = svc.begin(rater, consent=True)
+    s["practice"] = N_PRACTICE
+    while (shown := svc.show(s)) is not None:
+        svc.answer(s, side(shown))
+
+
 def test_analyze_command_on_study(study_copy, tmp_path, capsys):
     st = rating.open_study(study_copy)
     svc = RatingService(st, trials_per_rater=0, min_answer_ms=0)
     for rater in ("x", "y"):
-        s = svc.begin(rater, consent=True)
-        s["practice"] = N_PRACTICE
-        while (sh := svc.show(s)) is not None:
-            svc.answer(s, "left" if sh.trial.left != "broken" else "right")
+        rate_every_pair(svc, rater, lambda shown: "left" if shown.trial.left != "broken" else "right")
     csv_path, md_path = tmp_path / "all.csv", tmp_path / "report.md"
     assert cli_main(["rate", "analyze", str(study_copy), "--csv", str(csv_path), "--out", str(md_path),
                      "--boot", "200"]) == 0
@@ -414,10 +419,7 @@ def test_analyze_reads_a_study_on_read_only_storage(study_copy, tmp_path):
         pytest.skip("no private mount namespace here (unshare -m needs root)")
     st = rating.open_study(study_copy)
     svc = RatingService(st, trials_per_rater=0, min_answer_ms=0)
-    s = svc.begin("x", consent=True)
-    s["practice"] = N_PRACTICE
-    while (sh := svc.show(s)) is not None:
-        svc.answer(s, "left")
+    rate_every_pair(svc, "x")
     archive = tmp_path / "archive"
     shutil.copytree(study_copy, archive, ignore=shutil.ignore_patterns("ratings.sqlite-*"))
 
