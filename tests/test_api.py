@@ -304,7 +304,7 @@ def test_every_command_takes_both_dtype_spellings():
     parsers = {p.prog: p for p in cli._every_parser(cli.build_parser())}
     for prog, args, bf16, fp32 in [("upscale", ["in", "-o", "out"], "bfloat16", "float32"),
                                    ("bench-decode", [], "bfloat16", "float32"), ("demo", [], "bfloat16", "float32"),
-                                   ("evaluate", [], "bf16", "fp32")]:  # evaluate's records keep the short names
+                                   ("evaluate", [], "bfloat16", "float32")]:
         parser = parsers[f"sr-blockwise {prog}"]
         for spelling in ("bf16", "bfloat16"):
             assert parser.parse_args(args + ["--dtype", spelling]).dtype == bf16, (prog, spelling)

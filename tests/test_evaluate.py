@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from sr_blockwise import evaluate as ev
-from sr_blockwise.cli import main
+from sr_blockwise.cli import _every_parser, main
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "evaluate.md"
 
@@ -64,9 +64,25 @@ def test_evaluate_command_has_an_option_for_every_config_field_with_its_default(
     assert parse("--cache-dir", "none", "--k", "2,6", "--modes", "exact,eps=1", "--json", "r.json", "--quiet",
                  "-n", "7") == replace(ev.EvalConfig(), ks=[2, 6], modes=["exact", "eps=1"], json_path="r.json",
                                        progress=False, n_images=7)
-    # the other commands' dtype names are taken too, and recorded in evaluate's short spelling
-    assert parse("--dtype", "float32").dtype == parse("--dtype", "fp32").dtype == "fp32"
-    assert parse("--dtype", "bfloat16").dtype == "bf16"
+    # the dtype as every command spells it, recorded in evaluate's short spelling
+    assert parse("--dtype", "float32").dtype == "fp32" and parse("--dtype", "bfloat16").dtype == "bf16"
+
+
+def test_evaluate_dtype_is_spelt_as_every_commands_and_the_old_names_still_work(capsys):
+    """--dtype bfloat16 / float32 / float16, as the other commands; bf16 / fp32 / fp16 give the
+    same run with a deprecation note on stderr; a run's command line reproduces it without one."""
+    from sr_blockwise.cli import build_parser
+    from sr_blockwise.cli.evaluate import config_of
+    parser = build_parser()
+    parse = lambda *a: config_of(parser.parse_args(["evaluate", *a]))
+    assert [parse("--dtype", d).dtype for d in ("bfloat16", "float32", "float16")] == ["bf16", "fp32", "fp16"]
+    assert capsys.readouterr().err == ""
+    for old, new in (("bf16", "bfloat16"), ("fp32", "float32"), ("fp16", "float16")):
+        assert parse("--dtype", old) == parse("--dtype", new)
+        assert capsys.readouterr().err == f"sr-blockwise evaluate: --dtype {old} is deprecated: use --dtype {new}\n"
+    evaluate = next(p for p in _every_parser(parser) if p.prog == "sr-blockwise evaluate")
+    assert "{bfloat16,float32,float16}" in evaluate.format_help()
+    assert "--dtype float32 " in ev.EvalConfig(dtype="fp32").command()
 
 def test_a_command_missing_an_optional_package_names_its_extra(tiny_weights, celeba_npz, tmp_path, monkeypatch,
                                                                 capsys):

@@ -6,10 +6,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..api import dtype_name
 from . import config_from
 
 
-DTYPE_NAMES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+# the run's records (EvalConfig.dtype, results.json, the decode store's keys) keep the short names
+RECORDED_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+
+
+def dtype_option(value: str) -> str:
+    """--dtype as every command spells it (bfloat16, ...); evaluate's former short names (bf16,
+    ...) still work, with a note on stderr."""
+    full = dtype_name(value)
+    if full != value:
+        print(f"sr-blockwise evaluate: --dtype {value} is deprecated: use --dtype {full}", file=sys.stderr)
+    return full
 
 
 def register(subparsers) -> None:
@@ -37,10 +48,8 @@ def register(subparsers) -> None:
                         "eps=E, eps-window=E, top-k=N, min-block=N, oracle "
                         "(greedy, with and without KV cache, always runs first)")
     p.add_argument("--batch-size", type=int, default=1, help="images per decode call (the paper: 1)")
-    # every command takes both spellings; evaluate's records keep the short one
-    p.add_argument("--dtype", default="bf16", type=lambda v: DTYPE_NAMES.get(v, v), choices=["bf16", "fp32", "fp16"],
-                   help="precision of the decoding's matrix products: bf16 (bfloat16), fp32 "
-                        "(float32) or fp16 (float16); bits/dim is always fp32")
+    p.add_argument("--dtype", default="bfloat16", type=dtype_option, choices=list(RECORDED_DTYPES),
+                   help="precision of the decoding's matrix products (bits/dim is always float32)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: torch's default; use 1 when another job shares the cores)")
@@ -104,9 +113,10 @@ def run(a) -> int:
 
 def config_of(a):
     """The run's EvalConfig: every field from the option of its name, the lists and the store
-    folder read from their text."""
+    folder read from their text, the dtype in the records' short name."""
     from ..evaluate import EvalConfig, parse_list
     return config_from(EvalConfig, a, ks=parse_list(a.ks, int), modes=parse_list(a.modes),
+                       dtype=RECORDED_DTYPES[a.dtype],
                        cache_dir=None if a.cache_dir.lower() == "none" else a.cache_dir)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..api import dtype_name
 from ..decoding import DecodeOptions
 from ..model import SEQ_LEN
 
@@ -130,7 +131,7 @@ class EvalConfig:
         if self.limit is not None:
             a += ["--limit", str(self.limit)]
         a += ["--k", ",".join(map(str, self.ks)), "--modes", ",".join(self.modes),
-              "--batch-size", str(self.batch_size), "--dtype", self.dtype, "--device", self.device]
+              "--batch-size", str(self.batch_size), "--dtype", dtype_name(self.dtype), "--device", self.device]
         if self.threads:
             a += ["--threads", str(self.threads)]
         if self.decode_exact is not None:
