@@ -216,6 +216,9 @@ class Upscaler:
         detect; an empty list: detect); if_none: centre (the centre square), skip (an empty list)
         or error (data.BadImage) when no face is found. options: upscale()'s (mode, k, eps, ...)."""
         from . import faces as F
+        # the decode options checked before detection: a photo with no face refuses what no mode reads
+        self.options(**{k: v for k, v in options.items() if k in ("mode", "k", "eps", "temperature",
+                                                                   "prior_weight", "guard")})
         img = _photo(photo)
         boxes = _boxes(boxes)
         r = img.info.get("full_size", img.size)[0] / img.width  # the photo's own px per px read

@@ -136,6 +136,9 @@ def test_bad_settings_raise_value_errors(tiny):
                         ({"mode": "greedy"}, "greedy decoding takes one token per call")]:
         with pytest.raises(ValueError, match=message):
             tiny.upscale(img, **{"k": 4, **kw})
+        if "batch_size" not in kw and "seed" not in kw:  # the same, for a photo with no face to decode
+            with pytest.raises(ValueError, match=message):
+                tiny.upscale_faces(np.full((60, 90, 3), 200, np.uint8), if_none="skip", **{"k": 4, **kw})
     # every image's sampling seed is checked before any decoding, not only the first one
     for seeds in ([0, -1], [0, 2**50], [0, 1.7], [0, None], None, 2.5):
         with pytest.raises(ValueError, match="seed must be a whole number in 0.."):
