@@ -263,7 +263,8 @@ class Upscaler:
 
 def _boxes(boxes) -> list[tuple[float, ...]]:
     """Faces given by hand: one (left, top, right, bottom) box or a list of them -> a list of
-    4-float tuples (ValueError saying what a box is otherwise)."""
+    4-float tuples, corners in either order as the demo takes a drawn or typed box (ValueError
+    saying what a box is otherwise)."""
     def number(v):
         return (isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
                 and math.isfinite(v))
@@ -280,7 +281,8 @@ def _boxes(boxes) -> list[tuple[float, ...]]:
         if not (isinstance(b, (list, tuple)) and len(b) == 4 and all(number(v) for v in b)):
             raise ValueError(f"boxes: a face box is (left, top, right, bottom), four numbers in the "
                              f"photo's pixels; got {b!r}")
-        out.append(tuple(float(v) for v in b))
+        l, t, r, b = (float(v) for v in b)
+        out.append((min(l, r), min(t, b), max(l, r), max(t, b)))
     return out
 
 

@@ -233,6 +233,12 @@ def test_face_boxes_and_paste_back_refuse_what_they_cannot_use(tiny):
             tiny.upscale_faces(wall, boxes=boxes, **FAST)
     (one,) = tiny.upscale_faces(wall, boxes=np.array([10, 10, 40, 40]), **FAST)  # one box, as an array
     assert one.box == (10, 10, 40, 40)
+    # corners in either order, as the demo takes a box: the same face
+    for corners in ((40, 40, 10, 10), (10, 40, 40, 10), (40, 10, 10, 40)):
+        (same,) = tiny.upscale_faces(wall, boxes=corners, **FAST)
+        assert same.box == one.box and (np.asarray(same.image) == np.asarray(one.image)).all()
+    with pytest.raises(ValueError, match="right > left"):  # no width: not a box whichever the order
+        tiny.upscale_faces(wall, boxes=(40, 10, 40, 40), **FAST)
     (centre,) = tiny.upscale_faces(wall, faces="none", **FAST)
     with pytest.raises(ValueError, match="choose from largest, all, none"):
         tiny.upscale_faces(wall, faces="every")
