@@ -202,7 +202,7 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         prior_weight: float | None = None, dtype: str = "float32", batches=(1, 16, 64),
         torch_images: int = 1) -> dict:
     """The whole benchmark: call cost (native engine at batch 1/16/64, torch at 1/16), the
-    breakdown of a k=6 call, seconds per face at each batch size in `batches` (n_images faces,
+    breakdown of a call at each k of ks, seconds per face at each batch size in `batches` (n_images faces,
     at least one batch each), the torch engine's seconds per face on torch_images faces at batch
     1 (0: skip), images/s at the largest batch and its share of the fp32 and bf16 matrix-product rates.
     prior_weight None: the apps' default (decoding.DEFAULT_PRIOR_WEIGHT) where the model has the
@@ -235,9 +235,8 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
           f"batch size) calls; torch: one median of max(3, {reps} / (4 x batch size)))")
     calls = call_cost_table(model, batches=batches, reps=reps, torch_model=model if torch_images else None)
     calls_md = print_table(calls, ["engine", "dtype", "batch", "tokens", "ms", "vs_1_token"])
-    k_parts = min(6, heads)  # a 7-token call, the paper's k=6, for a model with that many heads
-    print(f"\n## Where a k={k_parts} call's time goes (native engine, ms per call)")
-    parts = call_breakdown(model, k_parts, batches=[b for b in batches if b <= 16])
+    print(f"\n## Where a call's time goes at k = {', '.join(map(str, ks))} (native engine, ms per call)")
+    parts = [row for k in ks for row in call_breakdown(model, k, batches=[b for b in batches if b <= 16])]
     parts_md = print_table(parts, ["batch", "k", "call_ms", "host_ms", *[f"{n}_ms" for n in native.STAGES]])
     try:
         faces = load_faces(data).part("test")

@@ -79,6 +79,27 @@ def test_bench_decode_refuses_bad_arguments_before_measuring(monkeypatch, capsys
     assert message in capsys.readouterr().err
 
 
+def test_bench_decode_breaks_a_call_down_at_each_k_asked(monkeypatch):
+    """--k says which calls' time is broken down by stage, as it says which are decoded."""
+    from sr_blockwise import bench
+    from sr_blockwise.cli import main
+
+    class Measured(Exception):
+        pass
+
+    def stop(*a, **kw):
+        raise Measured
+    seen = []
+    monkeypatch.setattr(bench, "call_cost_table", lambda *a, **kw: [])
+    monkeypatch.setattr(bench, "call_breakdown", lambda model, k, **kw: seen.append(k) or [{"batch": 1, "k": k}])
+    monkeypatch.setattr(bench, "decode_table", stop)
+    for ks, want in (("2", [2]), ("3,9", [3, 9])):
+        seen.clear()
+        with pytest.raises(Measured):  # stopped once the breakdown is done
+            main(["bench-decode", "--json", "", "--torch-images", "0", "--batch-size", "1", "--k", ks])
+        assert seen == want
+
+
 def test_train_throughput_counts_flops():
     r = train_throughput("tiny", batch=2, steps=1)
     assert r["gflop_per_image"] > 0.1 and 0 < r["fraction_of_matmul_rate"] < 1

@@ -39,7 +39,8 @@ def register(sub):
     p.add_argument("--images", type=int, default=4, help="faces per batch size (at least one batch)")
     p.add_argument("--batch-size", default="1,16,64", help="batch sizes, comma-separated")
     p.add_argument("--reps", type=int, default=50, help="calls timed per call-cost cell (divided by the batch size)")
-    p.add_argument("--k", default="2,6,10", help="block sizes, comma-separated")
+    p.add_argument("--k", default="2,6,10", help="block sizes, comma-separated: each is decoded, and its call "
+                                                 "broken down by stage")
     p.add_argument("--torch-images", type=int, default=1,
                    help="faces the torch engine decodes at batch 1 for comparison (0: skip; ~10 s each per mode)")
     p.add_argument("--data", default=None, help="faces to decode (default: the held-out CelebA faces, or random inputs where there are none)")
