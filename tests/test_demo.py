@@ -451,3 +451,28 @@ def test_a_busy_port_is_refused_in_one_line_before_any_work(capsys):
     for args in (["demo", "--port", "70000"], ["rate", "serve", "no-such-study", "--port", "99999"]):
         assert cli_main(args) == 2
         assert "a port is a number in 0..65535" in capsys.readouterr().err
+
+
+def test_a_port_busy_at_any_address_of_the_host_is_refused(monkeypatch):
+    """A host that resolves to several addresses (localhost: 127.0.0.1 and ::1): the port must be
+    free at each, as the server may listen on any; an address this machine lacks is no obstacle
+    while another binds."""
+    from apps import check_port
+    real = socket.getaddrinfo
+
+    def resolves_to(*addresses):
+        monkeypatch.setattr(socket, "getaddrinfo",
+                            lambda host, port, **kw: [i for a in addresses for i in real(a, port, **kw)])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.2", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for first, second in (("127.0.0.1", "127.0.0.2"), ("127.0.0.2", "127.0.0.1")):
+            resolves_to(first, second)
+            with pytest.raises(ValueError, match=f"cannot listen on both:{port} at 127.0.0.2 .*choose another --port"):
+                check_port("both", port)
+        resolves_to("127.0.0.1", "192.0.2.1")  # TEST-NET-1: no interface of this machine has it
+        check_port("both", port)
+        resolves_to("192.0.2.1")
+        with pytest.raises(ValueError, match=f"cannot listen on away:{port} "):
+            check_port("away", port)
