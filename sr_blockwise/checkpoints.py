@@ -52,7 +52,9 @@ def save_weights(model: ImageTransformerSR, out: str | Path, meta: dict | None =
     st = out.with_name(out.name + ".safetensors")
     tensors = {k: v.detach().float().contiguous().cpu() for k, v in model.state_dict().items()}
     tmp = st.with_suffix(".tmp")
-    # written by Python, not safetensors' save_file, which makes the file readable by its owner only
+    # written by Python, not safetensors' save_file, which makes the file readable by its owner only;
+    # as a new file, not over one a killed run left, whose permissions it would keep
+    tmp.unlink(missing_ok=True)
     tmp.write_bytes(safetensors_bytes(tensors))
     os.replace(tmp, st)
     card = {"name": out.name, "config": model.cfg.to_dict(), "sha256": sha256_of(st),

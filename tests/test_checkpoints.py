@@ -13,6 +13,8 @@ from sr_blockwise.model import preset
 
 def test_roundtrip_gives_the_same_model(tmp_path):
     m = make_tiny(3)
+    (tmp_path / "w.tmp").write_bytes(b"")  # what a killed run of safetensors' own writer left
+    (tmp_path / "w.tmp").chmod(0o600)
     js = save_weights(m, tmp_path / "w", {"test_bits_per_dim": 7.9})
     m2 = load_model(js, dtype=torch.float32, for_inference=False)
     for (k, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()):
