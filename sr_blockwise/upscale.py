@@ -4,8 +4,8 @@ The pipeline per image is the Python API's (api.Upscaler), the demo's too: the p
 (data.open_rgb; large photos at reduced size), its faces found and aligned to the training
 framing (sr_blockwise.faces; --faces largest or all; 8x8 and 32x32 images are used as they are,
 --faces none takes the centre square or CelebA's crop), each 32x32 crop area-downsampled to 8x8
--> blockwise decoding -> 32x32, and with --paste-back the whole photo enlarged 4x with the
-results pasted back. Images are decoded together in batches, in every
+-> blockwise decoding -> 32x32, and with --paste-back the whole photo with the results pasted
+back, at the scale the model works at (faces.paste_plan). Images are decoded together in batches, in every
 mode; the decoder keeps each image's own position and accepted length (and, sampling, its own
 seed), so an image's output does not depend on its batch.
 
@@ -70,7 +70,7 @@ class Job:
     out: Path
     compare: Path | None = None
     gt: Path | None = None
-    paste: Path | None = None  # --paste-back: the photo 4x with its faces pasted back
+    paste: Path | None = None  # --paste-back: the photo with its faces pasted back (faces.paste_plan)
 
 
 @dataclass
