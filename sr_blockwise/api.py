@@ -253,7 +253,7 @@ class Upscaler:
                                       and math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale: the pasted photo's size / the photo's, a number above 0; got {scale!r}")
         img = _photo(photo)
-        plan = F.paste_plan(img.size, [r.face for r in results], scale)
+        plan = F.paste_plan(img.size, [r.face for r in results], scale, own_size=img.info.get("full_size"))
         whole = Image.fromarray(F.paste_back(img, [r.face for r in results], [np.asarray(r.image) for r in results],
                                              plan.scale))
         return (whole, plan) if return_plan else whole

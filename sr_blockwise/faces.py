@@ -574,26 +574,28 @@ def pasted_size(size: tuple[int, int], scale: float) -> tuple[int, int]:
 
 
 def paste_plan(size: tuple[int, int], faces: list[Face], scale: float | None = None,
-               max_pixels: int = PASTE_MAX_PIXELS) -> PastePlan:
+               max_pixels: int = PASTE_MAX_PIXELS, own_size: tuple[int, int] | None = None) -> PastePlan:
     """The scale to paste faces back at, for the photo (width, height) they were found in: the
     scale the model works at. A face larger than the output (OUT_SIDE, 32 px) would only lose its
     own detail to a 32x32 result stretched over it, so the photo is taken as it would look with
     its largest face the model's 8 px input: reduced by 8 / that face's size, then enlarged 4x,
     and no face is pasted larger than 32 px. Faces at most 32 px gain pixels: the photo 4x
     (paste_scale: less above max_pixels). `scale` given: that scale, not chosen. Faces under
-    half the 8 px input at the scale are named in the note."""
+    half the 8 px input at the scale are named in the note. own_size: the photo's own size where
+    `size` is a reduced copy of it (data.open_rgb): the note gives sizes and scale in its pixels."""
     sides = [f.size for f in faces]
+    own = (own_size or size)[0] / size[0]  # the photo's own pixels per pixel of the copy
     big = max(range(len(sides)), key=sides.__getitem__) if sides else None
     face = None
     if scale is not None:
-        note = f"the photo at {scale:.3g}x, as asked"
+        note = f"the photo at {scale / own:.3g}x, as asked"
     elif big is None or sides[big] <= OUT_SIDE:
         scale = paste_scale(size, max_pixels=max_pixels)
-        note = f"the photo {scale:.3g}x" + (", every face at most 32 px" if sides else "")
+        note = f"the photo {scale / own:.3g}x" + (", every face at most 32 px" if sides else "")
     else:
         scale, face = OUT_SIDE / sides[big], big
-        note = (f"the photo at {scale:.3g}x, where face {big} ({sides[big]:.0f} px) is the model's 8 px "
-                "input, enlarged 4x")
+        note = (f"the photo at {scale / own:.3g}x, where face {big} ({sides[big] * own:.0f} px) is the "
+                "model's 8 px input, enlarged 4x")
     at = min(scale, PASTE_SCALE) / PASTE_SCALE  # a face's side before the 4x: side * at
     small = [i for i, s in enumerate(sides) if s * at < SMALL_FACE]
     if small:

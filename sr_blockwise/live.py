@@ -179,9 +179,10 @@ def pasted_view(p: Prepared, output: np.ndarray) -> PastedView | None:
     region = img.crop(box)
     moved = F.Face(f.box, f.landmarks, f.score, f.matrix @ np.array([[1, 0, box[0]], [0, 1, box[1]], [0, 0, 1.0]]),
                    f.crop, f.lr, f.how)  # the same face, in the region's pixels
-    plan = F.paste_plan(region.size, [moved])
+    r = p.photo.size[0] / img.width  # the photo's own pixels per pixel read (large photos are reduced)
+    plan = F.paste_plan(region.size, [moved], own_size=(round(region.width * r), round(region.height * r)))
     scale = plan.scale if plan.face is not None else min(plan.scale, max(1.0, PASTE_VIEW_SIDE / max(region.size)))
-    side = f.size * p.photo.size[0] / img.width  # in the photo's own pixels
+    side = f.size * r  # in the photo's own pixels
     if plan.face is not None:
         label = f"Your photo at the size where this face is 8 px ({side:.0f} px -> 8), 4x"
     else:

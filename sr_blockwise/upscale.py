@@ -382,7 +382,7 @@ def paste_plan_of(ph: Photo):
         return None, []
     from .faces import paste_plan
     pasted = [] if ph.warn else ph.faces
-    return paste_plan(ph.image.size, pasted), pasted
+    return paste_plan(ph.image.size, pasted, own_size=ph.image.info.get("full_size")), pasted
 
 
 def load_ground_truth(path: Path, face=None, input_size: tuple[int, int] | None = None) -> np.ndarray:
@@ -1021,8 +1021,9 @@ def run(cfg: Config) -> int:
             if at is not None:
                 from .faces import paste_back
                 whole = paste_back(ph.image, pasted, [results[i][0] for i in range(len(pasted))], at.scale)
-                for i in results:
-                    results[i][2]["paste_scale"] = round(at.scale, 5)
+                own = ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width
+                for i in results:  # the pasted photo's side / the photo's own (one read reduced: larger)
+                    results[i][2]["paste_scale"] = round(at.scale / own, 5)
             else:  # an 8x8 or 32x32 input: the result is the whole photo
                 whole = img
             save_atomic(whole, j.paste, cfg.ext)

@@ -289,7 +289,11 @@ def test_a_large_face_is_pasted_at_the_models_scale(astronaut, rng):
     plan = F.paste_plan(photo.size, faces)
     big = int(np.argmax([f.size for f in faces]))
     assert plan.face == big and plan.scale == pytest.approx(32 / faces[big].size)
-    assert f"face {big} (" in plan.note and plan.small == [3] and "face 3 is under 4 px" in plan.note
+    assert f"face {big} ({faces[big].size:.0f} px)" in plan.note and plan.small == [3] and "face 3 is under 4 px" in plan.note
+    # a photo read at reduced size: the note in its own pixels, the plan the same
+    own = F.paste_plan(photo.size, faces, own_size=(4800, 2800))
+    assert own.scale == plan.scale and own.note.startswith(f"{plan.note.split(':')[0]}: the photo at {plan.scale / 2:.3g}x")
+    assert f"face {big} ({2 * faces[big].size:.0f} px)" in own.note
     out = np.full((32, 32, 3), (0, 255, 0), np.uint8)
     pasted = F.paste_back(photo, faces, [out] * 4, plan.scale)
     h, w = pasted.shape[:2]
