@@ -235,10 +235,10 @@ class Upscaler:
         the batch command and the demo choose it): where a face is larger than the 32x32 output,
         the photo reduced so that its largest face is 8 px, then enlarged 4x; otherwise the photo
         4x (less where that would pass 64 MP). scale: that scale instead, of the photo as read
-        (one over 40 MP is read at reduced size; below 1: the photo reduced to scale / 4, then 4x). return_plan: also return the faces.PastePlan (its scale,
-        the face that set it, the faces too small at it, a line saying so). Every result given is
-        pasted, a centre square too (the batch command leaves out the centre square of a photo
-        where no face was found)."""
+        (one over 40 MP is read at reduced size; below 1: the photo reduced to scale / 4, then
+        4x). return_plan: also return the faces.PastePlan (its scale, the face that set it, the
+        faces too small at it, a line saying so). Every result given is pasted, a centre square
+        too (the batch command leaves out the centre square of a photo where no face was found)."""
         from . import faces as F
         if isinstance(results, FaceResult):
             results = [results]
