@@ -50,6 +50,9 @@ The model learned faces framed as CelebA's aligned photos: each face of your pho
 (with its eyes, nose and mouth) and aligned to that framing. Pick a face below the photo, or
 draw a box around one too small to be found: click two corners on the photo."""
 
+PASTED_LABEL = "Pasted back: the exact result in your photo, at the scale the model works at"
+PASTED_BICUBIC_LABEL = "Beside it: the bicubic upscale of the same 8x8 pasted in the same way"
+
 MAP_HELP = """Block maps colour each pixel by the length of the blocks its intensities were accepted in:
 1 per call (as greedy) <span class="legend"></span> k per call; grey: not decoded yet."""
 
@@ -171,8 +174,14 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                     md = gr.Markdown(elem_id=f"stats-{mode}")
                 cols[mode], outs[mode] = col, (img, bmap, md)
             real_img = small_image("Real 32x32 (the aligned crop)", "real")
-        pasted = gr.Image(label="Pasted back: the exact result in the photo (4x)", format="png",
-                          interactive=False, elem_id="pasted", height=400, buttons=["download"])
+        # pasted back at the model's scale (a few dozen pixels for a large face): served at that
+        # size, shown enlarged with pixelated rendering by the CSS, as the 32x32 images
+        with gr.Row():
+            pasted = gr.Image(label=PASTED_LABEL, format="png", interactive=False, elem_id="pasted",
+                              height=400, elem_classes="pixelated", buttons=["download"])
+            pasted_bicubic = gr.Image(label=PASTED_BICUBIC_LABEL, format="png", interactive=False,
+                                      elem_id="pasted-bicubic", height=400, elem_classes="pixelated",
+                                      buttons=["download"])
         gr.Markdown(MAP_HELP)
         with gr.Accordion("All numbers (JSON)", open=False):
             stats_json = gr.JSON(elem_id="stats-json")
@@ -183,7 +192,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                     f"{sizes.most_common(1)[0][0]}). Everything runs on this server; nothing is sent anywhere else.")
 
         all_outputs = [lr_img, real_img, note, bicubic_img, status,
-                       *[c for m in outs for c in outs[m]], stats_json, pasted]
+                       *[c for m in outs for c in outs[m]], stats_json, pasted, pasted_bicubic]
 
         def upscale(path, face_choice, k_val, eps_val, greedy_too, match_8x8=True, prior_w=w0,
                     sample_too=False, temp=0.8, seed_val=0, guard_val=DEFAULT_GUARD):
@@ -207,7 +216,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
             images = {}  # as shown (matched or not): the stats compare what the page shows
             blank = np.full((32, 32, 3), FILL, np.uint8)
             view = {lr_img: p.lr, real_img: p.face, note: p.note, bicubic_img: bicubic_upscale(p.lr),
-                    status: "", stats_json: None, pasted: None}
+                    status: "", stats_json: None, pasted: None, pasted_bicubic: None}
             for m in outs:
                 view.update({outs[m][0]: blank if m in modes else None, outs[m][1]: None,
                              outs[m][2]: "waiting..." if m in modes else ""})
@@ -240,8 +249,12 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
             for mode in modes:
                 view[outs[mode][2]] = final_markdown(mode, mode_options(mode), stats[mode])
             view[status] = "Done: " + ", ".join(f"{m} {stats[m]['seconds']:.2f} s" for m in modes) + "."
+            shown = pasted_view(p, images["exact"])
+            if shown is not None:
+                stats["pasted_back"] = {**shown.info, "label": shown.label}
+                view[pasted] = gr.update(value=shown.model, label=f"{shown.label}: the exact result pasted in")
+                view[pasted_bicubic] = gr.update(value=shown.bicubic, label=f"{shown.label}: bicubic pasted in")
             view[stats_json] = stats
-            view[pasted] = pasted_view(p, images["exact"]) if p.chosen is not None else None
             yield view
 
         # progress, queue position and errors show on one small status line, not on every image
@@ -249,10 +262,12 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         # a new input, or a refused one, clears the last decode's results and its face's 8x8, real
         # crop and note: they belong to the input before. Cleared first: a refusal stops the chain
         results_shown = [bicubic_img, status, *[c for m in outs for c in outs[m]], stats_json, pasted,
-                         lr_img, real_img, note]
+                         pasted_bicubic, lr_img, real_img, note]
+        labels = {pasted: PASTED_LABEL, pasted_bicubic: PASTED_BICUBIC_LABEL}  # the last face's scale goes too
 
         def clear_results():
-            return [("" if isinstance(c, gr.Markdown) else None) for c in results_shown]
+            return [("" if isinstance(c, gr.Markdown) else gr.update(value=None, label=labels[c]) if c in labels
+                     else None) for c in results_shown]
         photo.change(lambda path: "", photo, choice, api_visibility="private", queue=False).then(
             clear_results, None, results_shown, api_visibility="private", queue=False).then(
             preview, [photo, choice], preview_outputs, api_name="preview", concurrency_limit=4,

@@ -5,7 +5,7 @@
     face = up.upscale(Image.open("me.jpg"))        # a 32x32 PIL image
     faces, stats = up.upscale([photo, array], mode="approx", return_stats=True)
     found = up.upscale_faces("group.jpg", faces="all")  # each face detected, aligned, upscaled
-    whole = up.paste_back("group.jpg", found)      # the photo 4x, the faces pasted back
+    whole = up.paste_back("group.jpg", found)      # the faces pasted back, at the model's scale
 
 upscale() takes faces already framed (8x8, 32x32, CelebA's 178x218) or crops the centre square
 (data.read_input); upscale_faces() finds the faces of a real photo and aligns each to the
@@ -231,11 +231,17 @@ class Upscaler:
                 for o, f, st in zip(outs, found, stats)]
 
     @staticmethod
-    def paste_back(photo, results: Sequence[FaceResult], scale: float | None = None) -> Image.Image:
-        """The photo enlarged `scale` times (default: 4, less where that would pass 64 MP, as the
-        batch command does), each face replaced by its result (warped back and blended in with a
-        feathered mask, faces.paste_back). Every result given is pasted, a centre square too (the
-        batch command leaves out the centre square of a photo where no face was found)."""
+    def paste_back(photo, results: Sequence[FaceResult], scale: float | None = None,
+                   return_plan: bool = False) -> Image.Image:
+        """The photo with each face replaced by its result (warped back and blended in with a
+        feathered mask, faces.paste_back), at the scale the model works at (faces.paste_plan, as
+        the batch command and the demo choose it): where a face is larger than the 32x32 output,
+        the photo reduced so that its largest face is 8 px, then enlarged 4x; otherwise the photo
+        4x (less where that would pass 64 MP). scale: that scale instead, of the photo as read
+        (one over 40 MP is read at reduced size; below 1: the photo reduced to scale / 4, then
+        4x). return_plan: also return the faces.PastePlan (its scale, the face that set it, the
+        faces too small at it, a line saying so). Every result given is pasted, a centre square
+        too (the batch command leaves out the centre square of a photo where no face was found)."""
         from . import faces as F
         if isinstance(results, FaceResult):
             results = [results]
@@ -246,9 +252,14 @@ class Upscaler:
             got = f"a {type(results).__name__} holding {', '.join(others)}" if others else None
         if got:
             raise ValueError(f"results: the FaceResults that upscale_faces returned for this photo, got {got}")
+        if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                      and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale: the pasted photo's size / the photo's, a number above 0; got {scale!r}")
         img = _photo(photo)
-        scale = F.paste_scale(img.size) if scale is None else scale
-        return Image.fromarray(F.paste_back(img, [r.face for r in results], [np.asarray(r.image) for r in results], scale))
+        plan = F.paste_plan(img.size, [r.face for r in results], scale, own_size=img.info.get("full_size"))
+        whole = Image.fromarray(F.paste_back(img, [r.face for r in results], [np.asarray(r.image) for r in results],
+                                             plan.scale))
+        return (whole, plan) if return_plan else whole
 
     @staticmethod
     def prepare(image, label: str | None = None) -> np.ndarray:

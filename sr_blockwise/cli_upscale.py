@@ -88,10 +88,14 @@ def register(subparsers) -> None:
                    help="a photo where no face is found: centre (its centre square, with a warning) "
                         "or skip (no output, listed in the summary)")
     p.add_argument("--paste-back", action="store_true",
-                   help="also write NAME_pasted.EXT: the photo enlarged 4x, each face replaced by its result "
-                        "(warped back, blended in with a feathered mask); large photos at a smaller scale, "
-                        "at most 64 MP")
+                   help="also write NAME_pasted.EXT: each face replaced by its result (warped back, blended in "
+                        "with a feathered mask) at the scale the model works at: where a face is larger than "
+                        "the 32x32 output, the photo reduced so that its largest face is 8 px, then enlarged "
+                        "4x; faces of at most 32 px, the photo 4x (at most 64 MP). The summary gives each "
+                        "photo's scale")
     p.add_argument("--dry-run", action="store_true", help="list what would be done (todo/skip, input, output) after the argument "
-                                                         "checks that need no model (not --device: the machine's)")
+                                                         "checks that need no model (not --device: the machine's); "
+                                                         "with --paste-back also the scale each photo would be pasted "
+                                                         "back at (its faces are found)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary; failures still go to stderr")
     p.set_defaults(func=cmd_upscale)

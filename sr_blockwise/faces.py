@@ -17,8 +17,11 @@ goes through the four steps of the face restoration tools (facexlib's FaceRestor
    resampling, as the training crops were made); the 8x8 input is then made from the 32x32 crop
    by data.image_to_input, as for every other input;
 3. the model upscales the 8x8 input (elsewhere);
-4. paste back: the photo enlarged 4x, each face's 32x32 result warped back with the inverse
-   transform and blended in with a feathered mask; pixels outside the masks stay the enlarged photo.
+4. paste back at the scale the model works at (paste_plan): where a face is larger than the
+   32x32 output, the photo reduced so that its largest face is the model's 8 px input, then
+   enlarged 4x; faces at most 32 px, the photo 4x. Each face's 32x32 result is warped back with
+   the inverse transform and blended in with a feathered mask; pixels outside the masks stay the
+   enlarged photo's.
 
 A face too small to detect (a few pixels wide, in a crowd or a CCTV frame) can be given by its
 box instead: the box is framed as MTCNN's boxes sit in the training crops (TEMPLATE_BOX).
@@ -55,6 +58,8 @@ THRESHOLDS = (0.6, 0.7, 0.7)  # the score a candidate needs at MTCNN's P-Net, R-
 LARGEST_MARGIN = 2.5  # largest_only: a face this many times the next scale's window is the largest
 PASTE_SCALE = 4  # the model's factor: 8x8 -> 32x32
 PASTE_MAX_PIXELS = 64_000_000  # a pasted-back photo larger than this is made at a smaller scale
+OUT_SIDE = 32  # the model's output side: a face larger than this in the photo is pasted at the model's scale
+SMALL_FACE = 4  # a face under this many px at the model's scale (half its 8 px input) is named as too small
 FEATHER = 3.0  # width of the paste-back mask's soft edge, in pixels of the 32x32 result
 
 
@@ -545,8 +550,70 @@ def crop_like(img: Image.Image, face: Face, photo_size: tuple[int, int]) -> np.n
 # ---------------------------------------------------------------- paste back
 
 def paste_scale(size: tuple[int, int], scale: float = PASTE_SCALE, max_pixels: int = PASTE_MAX_PIXELS) -> float:
-    """The enlargement of a pasted-back photo: `scale`, less where the result would pass max_pixels."""
-    return min(float(scale), math.sqrt(max_pixels / (size[0] * size[1])))
+    """The enlargement of a pasted-back photo whose faces are small (paste_plan): `scale`, less
+    where the result would pass max_pixels, but never below the photo's own size."""
+    return min(float(scale), max(1.0, math.sqrt(max_pixels / (size[0] * size[1]))))
+
+
+@dataclass
+class PastePlan:
+    """The scale a photo's faces are pasted back at (paste_plan)."""
+    scale: float  # the pasted photo's side / the photo's; below 1: reduced (area) to scale / 4, then 4x
+    face: int | None  # the face whose size set the scale (its index); None: the photo enlarged
+    small: list[int]  # faces much smaller than the model's 8 px input at this scale
+    note: str  # one line saying so
+
+
+def pasted_size(size: tuple[int, int], scale: float) -> tuple[int, int]:
+    """(width, height) of a photo of `size` pasted back at `scale`: below 1, 4x the photo reduced
+    to scale / 4 (rounded down: no face comes out larger than the scale makes it)."""
+    if scale >= 1:
+        return round(size[0] * scale), round(size[1] * scale)
+    r = scale / PASTE_SCALE
+    return tuple(PASTE_SCALE * max(1, math.floor(v * r + 1e-9)) for v in size)
+
+
+def paste_plan(size: tuple[int, int], faces: list[Face], scale: float | None = None,
+               max_pixels: int = PASTE_MAX_PIXELS, own_size: tuple[int, int] | None = None) -> PastePlan:
+    """The scale to paste faces back at, for the photo (width, height) they were found in: the
+    scale the model works at. A face larger than the output (OUT_SIDE, 32 px) would only lose its
+    own detail to a 32x32 result stretched over it, so the photo is taken as it would look with
+    its largest face the model's 8 px input: reduced by 8 / that face's size, then enlarged 4x,
+    and no face is pasted larger than 32 px. Faces at most 32 px gain pixels: the photo 4x
+    (paste_scale: less above max_pixels). `scale` given: that scale, not chosen. Faces under
+    half the 8 px input at the scale are named in the note. own_size: the photo's own size where
+    `size` is a reduced copy of it (data.open_rgb): the note gives sizes and scale in its pixels."""
+    sides = [f.size for f in faces]
+    own = (own_size or size)[0] / size[0]  # the photo's own pixels per pixel of the copy
+    big = max(range(len(sides)), key=sides.__getitem__) if sides else None
+    face = None
+    if scale is not None:
+        note = f"the photo at {scale / own:.3g}x, as asked"
+    elif big is None or sides[big] <= OUT_SIDE:
+        scale = paste_scale(size, max_pixels=max_pixels)
+        note = f"the photo {scale / own:.3g}x" + (", every face at most 32 px" if sides else "")
+    else:
+        scale, face = OUT_SIDE / sides[big], big
+        note = (f"the photo at {scale / own:.3g}x, where face {big} ({sides[big] * own:.0f} px) is the "
+                "model's 8 px input, enlarged 4x")
+    at = min(scale, PASTE_SCALE) / PASTE_SCALE  # a face's side before the 4x: side * at
+    small = [i for i, s in enumerate(sides) if s * at < SMALL_FACE]
+    if small:
+        many = len(small) > 1
+        note += (f"; face{'s' * many} {', '.join(map(str, small))} {'are' if many else 'is'} under "
+                 f"{SMALL_FACE} px before the 4x (the model's input: 8 px), too small to show much")
+    w, h = pasted_size(size, scale)
+    return PastePlan(float(scale), face, small, f"{w}x{h}: {note}")
+
+
+def paste_canvas(img: Image.Image, scale: float) -> np.ndarray:
+    """The photo at `scale` before any face is pasted (uint8): below 1 reduced (area) to scale / 4
+    of its size and enlarged 4x, so its faces are what bicubic makes of the model's input;
+    otherwise enlarged `scale` times (bicubic)."""
+    W, H = pasted_size(img.size, scale)
+    if scale < 1:
+        img = img.resize((W // PASTE_SCALE, H // PASTE_SCALE), Image.Resampling.BOX)
+    return np.array(img.resize((W, H), Image.Resampling.BICUBIC))
 
 
 def feather_mask(points: np.ndarray, size: int = 32, feather: float = FEATHER) -> np.ndarray:
@@ -558,17 +625,17 @@ def feather_mask(points: np.ndarray, size: int = 32, feather: float = FEATHER) -
 
 
 def paste_back(img: Image.Image, faces: list[Face], outputs, scale: float = PASTE_SCALE) -> np.ndarray:
-    """The photo enlarged `scale` times (bicubic) with each face replaced by its 32x32 output
-    (model result), warped back with the inverse of the face's transform and blended in with a
-    feathered mask. Pixels outside every face's mask are the enlarged photo's, untouched."""
+    """The photo at `scale` (paste_canvas; paste_plan chooses it) with each face replaced by its
+    32x32 output (model result), warped back with the inverse of the face's transform and blended
+    in with a feathered mask. Pixels outside every face's mask are the canvas's, untouched."""
     from scipy.ndimage import map_coordinates
     img = to_rgb(img)
-    W, H = round(img.width * scale), round(img.height * scale)
-    canvas = np.array(img.resize((W, H), Image.Resampling.BICUBIC))  # uint8: only face regions become floats
+    canvas = paste_canvas(img, scale)  # uint8: only face regions become floats
+    H, W = canvas.shape[:2]
     for face, out in zip(faces, outputs):
         out = np.asarray(out, dtype=np.float64)
-        # enlarged-photo point -> crop point
-        to_crop = face.matrix @ np.array([[1 / scale, 0, 0], [0, 1 / scale, 0], [0, 0, 1]])
+        # canvas point -> crop point (each axis by its own rounding of the photo's size)
+        to_crop = face.matrix @ np.diag([img.width / W, img.height / H, 1.0])
         corners = apply(np.linalg.inv(to_crop), [[0, 0], [32, 0], [0, 32], [32, 32]])
         x0, y0 = np.maximum(np.floor(corners.min(0)).astype(int), 0)
         x1, y1 = np.minimum(np.ceil(corners.max(0)).astype(int), [W, H])

@@ -150,10 +150,23 @@ def view_to_photo(photo: PhotoFaces, x: float, y: float) -> tuple[float, float]:
     return x / s, y / s
 
 
-def pasted_view(p: Prepared, output: np.ndarray) -> np.ndarray | None:
-    """The chosen face's surroundings (three times its crop), enlarged 4x (less to stay within
-    PASTE_VIEW_SIDE), with the 32x32 result pasted back (sr_blockwise.faces.paste_back)."""
+@dataclass
+class PastedView:
+    """The chosen face's result pasted back into its surroundings, and the same with bicubic."""
+    model: np.ndarray  # the region with the 32x32 result pasted in
+    bicubic: np.ndarray  # the same region with the 8x8 input's bicubic upscale pasted in
+    label: str  # what they show, for the page
+    info: dict  # the scale (faces.paste_plan) and its note, for the numbers
+
+
+def pasted_view(p: Prepared, output: np.ndarray) -> PastedView | None:
+    """The chosen face's surroundings (three times its crop) at the scale the model works at
+    (sr_blockwise.faces.paste_plan: a face over 32 px, the region reduced so that the face is 8 px,
+    then 4x; a smaller face, 4x, less to stay within PASTE_VIEW_SIDE), with the 32x32 result pasted
+    back, and beside it the bicubic upscale of the same 8x8 pasted the same way: the difference
+    is the model's."""
     from . import faces as F
+    from .data import bicubic_upscale
     if p.chosen is None:
         return None
     img, f = p.photo.image, p.chosen
@@ -166,8 +179,20 @@ def pasted_view(p: Prepared, output: np.ndarray) -> np.ndarray | None:
     region = img.crop(box)
     moved = F.Face(f.box, f.landmarks, f.score, f.matrix @ np.array([[1, 0, box[0]], [0, 1, box[1]], [0, 0, 1.0]]),
                    f.crop, f.lr, f.how)  # the same face, in the region's pixels
-    scale = min(4.0, PASTE_VIEW_SIDE / max(region.size))
-    return F.paste_back(region, [moved], [output], scale)
+    r = p.photo.size[0] / img.width  # the photo's own pixels per pixel read (large photos are reduced)
+    plan = F.paste_plan(region.size, [moved], own_size=(round(region.width * r), round(region.height * r)))
+    scale = plan.scale if plan.face is not None else min(plan.scale, max(1.0, PASTE_VIEW_SIDE / max(region.size)))
+    side = f.size * r  # in the photo's own pixels
+    if plan.face is not None:
+        label = f"Your photo at the size where this face is 8 px ({side:.0f} px -> 8), 4x"
+    else:
+        label = f"Your photo {scale:.3g}x (this face: {side:.0f} px, at most the output's 32)"
+    if plan.small:
+        label += f"; the face is under {F.SMALL_FACE} px there, too small to show much"
+    return PastedView(F.paste_back(region, [moved], [output], scale),
+                      F.paste_back(region, [moved], [bicubic_upscale(f.lr)], scale), label,
+                      {"scale": round(scale, 5), "size": list(F.pasted_size(region.size, scale)),
+                       "note": plan.note})
 
 
 # ---------------------------------------------------------------- live decoding

@@ -4,8 +4,8 @@ The pipeline per image is the Python API's (api.Upscaler), the demo's too: the p
 (data.open_rgb; large photos at reduced size), its faces found and aligned to the training
 framing (sr_blockwise.faces; --faces largest or all; 8x8 and 32x32 images are used as they are,
 --faces none takes the centre square or CelebA's crop), each 32x32 crop area-downsampled to 8x8
--> blockwise decoding -> 32x32, and with --paste-back the whole photo enlarged 4x with the
-results pasted back. Images are decoded together in batches, in every
+-> blockwise decoding -> 32x32, and with --paste-back the whole photo with the results pasted
+back, at the scale the model works at (faces.paste_plan). Images are decoded together in batches, in every
 mode; the decoder keeps each image's own position and accepted length (and, sampling, its own
 seed), so an image's output does not depend on its batch.
 
@@ -50,7 +50,7 @@ SAVE_ARGS = {  # lossless or near-lossless: at 32x32 every pixel counts
 }
 METRIC_FIELDS = ["input", "output", "relative", "status", "reason", "mode", "k", "eps", "temperature", "seed",
                  "batch_size", "prior_weight", "guard", "match_input", "calls", "mean_block", "seconds", "ground_truth", "psnr", "ssim",
-                 "psnr_bicubic", "ssim_bicubic", "face", "framing", "box", "faces_note"]
+                 "psnr_bicubic", "ssim_bicubic", "face", "framing", "box", "faces_note", "paste_scale"]
 NO_FACE = ("centre", "skip")  # --no-face: a photo without a face found
 # Pillow registers some formats it can only identify, not decode (or that need ghostscript)
 _NOT_DECODABLE = {".bufr", ".grib", ".h5", ".hdf", ".mpeg", ".mpg", ".eps", ".ps", ".wmf", ".emf"}
@@ -70,7 +70,7 @@ class Job:
     out: Path
     compare: Path | None = None
     gt: Path | None = None
-    paste: Path | None = None  # --paste-back: the photo 4x with its faces pasted back
+    paste: Path | None = None  # --paste-back: the photo with its faces pasted back (faces.paste_plan)
 
 
 @dataclass
@@ -373,6 +373,18 @@ def load_photo(path: Path, which: str = "largest", no_face: str = "centre") -> P
     return Photo(img, found, note, warn=which != "none" and (not found or found[0].how == "centre square"))
 
 
+def paste_plan_of(ph: Photo):
+    """The scale a photo's faces are pasted back at (faces.paste_plan: the model's, where a face is
+    larger than the 32x32 output) and the faces pasted; (None, []) for an 8x8 / 32x32 input, whose
+    result is the whole photo. A photo where no face was found is pasted nothing: the centre square
+    that stood in for its face file is no face of the photo."""
+    if ph.image is None:
+        return None, []
+    from .faces import paste_plan
+    pasted = [] if ph.warn else ph.faces
+    return paste_plan(ph.image.size, pasted, own_size=ph.image.info.get("full_size")), pasted
+
+
 def load_ground_truth(path: Path, face=None, input_size: tuple[int, int] | None = None) -> np.ndarray:
     """A real face of any size -> 32x32 through the same crop as the inputs: for a face of a photo
     (faces.Face), the ground truth is taken as the same photo at its own size and cropped as the
@@ -549,6 +561,7 @@ class Summary:
     greedy_check: dict | None = None
     no_face: list[str] = field(default_factory=list)  # photos skipped without a face (--no-face skip)
     faces: int = 0  # faces written (--faces all: several a photo)
+    pasted: list[tuple[str, str]] = field(default_factory=list)  # --paste-back: (photo, its paste_plan's note)
     metrics_error: str | None = None  # the metrics file could not be written
 
     @property
@@ -583,6 +596,11 @@ class Summary:
                                                        else ", outputs DIFFER from greedy")
             out.append(f"speedup over greedy: {g['speedup']:.2f}x wall clock on the first batch of "
                        f"{g['images']} ({mode} {g['seconds']:.2f} s, greedy {g['greedy_seconds']:.2f} s){same}")
+        if self.pasted:
+            out.append("pasted back (the pasted photo's size: its scale):")
+            out.extend(f"  {_shown(p)}: {_shown(note)}" for p, note in self.pasted[:50])
+            if len(self.pasted) > 50:
+                out.append(f"  ... and {len(self.pasted) - 50} more (see --metrics: paste_scale)")
         if self.no_face:
             out.append("no face found (not written):")
             out.extend(f"  {_shown(p)}" for p in self.no_face[:50])
@@ -841,7 +859,9 @@ def run(cfg: Config) -> int:
         check_writable(Path(mpath).parent, "--metrics folder")
     if cfg.dry_run:
         for j in jobs:
-            print(f"{'skip' if id(j) in skip else 'todo'}\t{_shown(j.src)}\t{_shown(j.out)}")
+            # with --paste-back, the scale each photo would be pasted back at: its faces are found
+            scale = "\t" + _shown(dry_paste_plan(j.src, cfg.faces, cfg.no_face)) if cfg.paste_back and id(j) not in skip else ""
+            print(f"{'skip' if id(j) in skip else 'todo'}\t{_shown(j.src)}\t{_shown(j.out)}{scale}")
         return 0
 
     # what a killed run left half-written in the folders this one writes to
@@ -997,13 +1017,13 @@ def run(cfg: Config) -> int:
             row["psnr"], row["ssim"] = quality(gt, img)
             row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))
         if n == 0 and j.paste is not None:  # before face 0: the photo is done when face 0 is there
-            if aligned:
-                from .faces import paste_back, paste_scale
-                # no face found: the centre square stood in for the face file, but it is no face
-                # to paste over the photo's middle
-                pasted = [] if ph.warn else ph.faces
-                whole = paste_back(ph.image, pasted, [results[i][0] for i in range(len(pasted))],
-                                   paste_scale(ph.image.size))
+            at, pasted = paste_plan_of(ph)
+            if at is not None:
+                from .faces import paste_back
+                whole = paste_back(ph.image, pasted, [results[i][0] for i in range(len(pasted))], at.scale)
+                own = ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width
+                for i in results:  # the pasted photo's side / the photo's own (one read reduced: larger)
+                    results[i][2]["paste_scale"] = round(at.scale / own, 5)
             else:  # an 8x8 or 32x32 input: the result is the whole photo
                 whole = img
             save_atomic(whole, j.paste, cfg.ext)
@@ -1071,6 +1091,8 @@ def run(cfg: Config) -> int:
                         s.calls.append(results[n][3].calls)
                     s.faces += len(ph.faces)
                     s.done += 1
+                    if j.paste is not None and ph.image is not None:
+                        s.pasted.append((str(j.src), paste_plan_of(ph)[0].note))
                     bar.update(1)
                 s.seconds = time.perf_counter() - t1
                 metrics.maybe_write(s)
@@ -1100,6 +1122,17 @@ def run(cfg: Config) -> int:
         if s.metrics_error:
             print(f"metrics NOT written: {s.metrics_error}", file=sys.stderr)
     return s.exit_code
+
+
+def dry_paste_plan(src: Path, which: str, no_face: str) -> str:
+    """--dry-run --paste-back: the scale a file's faces would be pasted back at, or why not."""
+    try:
+        plan, _ = paste_plan_of(load_photo(src, which, no_face))
+    except BadImage as e:
+        return f"not readable: {str(e).removeprefix(f'{src}: ').removeprefix(f'{src.name}: ')}"
+    except Exception as e:  # whatever else a strange file does (the run reports it as failed)
+        return f"not readable: {type(e).__name__}: {e}"
+    return "pasted back: the 32x32 result (an 8x8 or 32x32 input)" if plan is None else f"pasted back {plan.note}"
 
 
 def _greedy_check(model, lrs, images, opts) -> dict:

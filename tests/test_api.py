@@ -2,6 +2,7 @@
 the property is about them (one batch of two, one face alone), the random tiny model from conftest
 elsewhere."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from PIL import Image
 
 from conftest import two_faces
 from sr_blockwise import Upscaler, cli
+from sr_blockwise import faces as F
 from sr_blockwise.api import ImageStats
 from sr_blockwise.data import match_input, read_input
 from sr_blockwise.decoding import DEFAULT_GUARD, decode, options_for
@@ -207,7 +209,15 @@ def test_upscale_faces_returns_each_face_with_box_and_landmarks(tiny):
     assert found[1].box[0] > 512  # the small copy is on the right
     (largest,) = tiny.upscale_faces(photo, faces="largest", **FAST)
     assert largest.box == found[0].box
-    whole = tiny.paste_back(photo, found)
+    # pasted back at the model's scale: the largest face sets it, and is pasted at 32 px at most
+    whole, plan = tiny.paste_back(photo, found, return_plan=True)
+    assert plan.face == 0 and whole.size == F.pasted_size(photo.size, plan.scale) and whole.width < 832
+    assert 30 < found[0].face.size * whole.width / photo.width <= 32 + 1e-6
+    assert "face 0" in plan.note and (np.asarray(whole) == np.asarray(tiny.paste_back(photo, found))).all()
+    canvas = F.paste_canvas(photo, plan.scale)
+    assert (np.asarray(whole)[:2] == canvas[:2]).all() and not (np.asarray(whole) == canvas).all()
+    # a scale given: the photo 4x, as asked
+    whole = tiny.paste_back(photo, found, scale=4)
     assert whole.size == (832 * 4, 512 * 4)
     plain = np.asarray(photo.resize(whole.size, Image.Resampling.BICUBIC))
     assert (np.asarray(whole)[:40] == plain[:40]).all()  # above every face: untouched
@@ -247,7 +257,11 @@ def test_face_boxes_and_paste_back_refuse_what_they_cannot_use(tiny):
                            ([Image.fromarray(wall)], "a list holding Image")):
         with pytest.raises(ValueError, match=f"the FaceResults that upscale_faces returned.*got {named}"):
             tiny.paste_back(wall, results)
-    assert tiny.paste_back(wall, centre).size == (360, 240)  # one FaceResult, not in a list
+    # one FaceResult, not in a list: the 60 px centre square pasted at 32 px
+    assert tiny.paste_back(wall, centre).size == F.pasted_size((90, 60), 32 / 60) == (48, 32)
+    for scale in (0, -1, math.nan, "4", True):
+        with pytest.raises(ValueError, match="scale: the pasted photo's size / the photo's, a number above 0"):
+            tiny.paste_back(wall, centre, scale=scale)
 
 
 def test_a_huge_photos_faces_come_in_its_own_pixels(tiny, tmp_path):

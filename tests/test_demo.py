@@ -26,7 +26,8 @@ from sr_blockwise import faces as F
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import BadImage, image_to_input, match_input, open_rgb
 from sr_blockwise.live import (FILL, Frame, block_map_image, compare, decode_live, final_markdown, parse_choice,
-                               partial_image, photo_view, prepare_input, read_photo, running_markdown,
+                               partial_image, pasted_view, photo_view, prepare_input, read_photo,
+                               running_markdown,
                                view_to_photo)
 from sr_blockwise.decoding import DEFAULT_GUARD, DEFAULT_PRIOR_WEIGHT, decode, options_for
 
@@ -106,6 +107,25 @@ def test_register_and_missing_weights(tiny_weights, monkeypatch):
     assert (args.host, args.port, args.share, args.dtype) == ("127.0.0.1", 7999, False, DEFAULT_DTYPE)
     with pytest.raises(ValueError, match="no weights"):  # the CLI prints it as a one-line error
         args.func(args)
+
+
+def test_pasted_view_is_at_the_models_scale(files, rng):
+    """The demo's pasted-back panels: a face larger than the 32x32 output is shown in its
+    surroundings at the size where it is the model's 8 px input, 4x (pasted at 32 px at most);
+    a face boxed at a few pixels, 4x. Beside it the same with the 8x8's bicubic upscale."""
+    out = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    big = prepare_input(files["pair"])  # face 1: the astronaut, a crop of some 250 px
+    shown = pasted_view(big, out)
+    h, w = shown.model.shape[:2]
+    assert shown.bicubic.shape == shown.model.shape and not (shown.bicubic == shown.model).all()
+    assert w <= 3 * 32 + 4 and 30 < big.chosen.size * shown.info["scale"] <= 32 + 1e-6
+    assert shown.label.startswith(f"Your photo at the size where this face is 8 px ({big.chosen.size:.0f} px -> 8), 4x")
+    small = prepare_input(files["pair"], "600, 200, 612, 212")  # a 12 px box: a crop of some 20 px
+    assert small.chosen.size <= 32
+    shown = pasted_view(small, out)
+    assert shown.info["scale"] == 4 and shown.label.startswith(f"Your photo 4x (this face: {small.chosen.size:.0f} px")
+    assert shown.info["size"] == [shown.model.shape[1], shown.model.shape[0]] and max(shown.info["size"]) <= 4 * 3 * 32 + 4
+    assert pasted_view(prepare_input(files["pair"], "centre square"), out).info["scale"] == 32 / 512
 
 
 def test_prepare_input(files, tmp_path):
@@ -291,7 +311,7 @@ def test_client_upscale_matches_library(server, files, model):
     out = client.predict(handle_file(files["astronaut"]), "centre square", K, EPS, False, False, 1.0,
                          False, 0.8, 0, 0, api_name="/upscale")
     lr_file, real_file, note, bicubic_file, status = out[:5]
-    exact_file, approx_file, stats, pasted = out[5], out[8], out[-2], out[-1]
+    exact_file, approx_file, stats, pasted, pasted_bicubic = out[5], out[8], out[-3], out[-2], out[-1]
     lr, face = image_to_input(open_rgb(files["astronaut"]))
     assert (fetch(lr_file) == lr).all()
     assert (fetch(real_file) == face).all()
@@ -306,7 +326,13 @@ def test_client_upscale_matches_library(server, files, model):
         assert s["mean_block"] == pytest.approx(r.mean_block)
         assert s["speedup_calls"] == pytest.approx(3072 / r.calls)
     assert stats["approx"]["eps"] == EPS and "Done" in status
-    assert fetch(pasted).shape == (768, 768, 3)  # the centre square: the whole photo, 768 px at most
+    # the centre square, 512 px: the whole photo at the size where it is 8 px, 4x; beside it bicubic
+    assert stats["pasted_back"]["scale"] == 32 / 512 and "where this face is 8 px" in stats["pasted_back"]["label"]
+    # (the client gets each with its label: an update)
+    assert pasted["label"].startswith("Your photo at the size where this face is 8 px (512 px -> 8), 4x")
+    assert "bicubic" in pasted_bicubic["label"]
+    assert fetch(pasted["value"]).shape == fetch(pasted_bicubic["value"]).shape == (32, 32, 3)
+    assert not (fetch(pasted["value"]) == fetch(pasted_bicubic["value"])).all()
     assert stats["match_input"] is False and stats["prior_weight"] == 1.0 and stats["guard"] == 0
     # the defaults of a 5-argument call: "match the 8x8 input" on, the default input guidance and
     # cell guard; the decodes differ from the model as trained, and each is shown back-projected
@@ -319,8 +345,8 @@ def test_client_upscale_matches_library(server, files, model):
         assert not (ref == decode(model, lr[None], options_for(mode, K, EPS)).images[0]).all(), mode
         unguarded = decode(model, lr[None], options_for(mode, K, EPS, prior_weight=DEFAULT_PRIOR_WEIGHT)).images[0]
         assert not (ref == unguarded).all(), mode  # the page's guard reached the decoder
-    assert out[-2]["match_input"] is True and out[-2]["prior_weight"] == DEFAULT_PRIOR_WEIGHT
-    assert out[-2]["guard"] == DEFAULT_GUARD
+    assert out[-3]["match_input"] is True and out[-3]["prior_weight"] == DEFAULT_PRIOR_WEIGHT
+    assert out[-3]["guard"] == DEFAULT_GUARD
 
 
 def test_client_sample_is_the_librarys_speculative_sample(server, files, model):
@@ -333,7 +359,7 @@ def test_client_sample_is_the_librarys_speculative_sample(server, files, model):
     lr, _ = image_to_input(open_rgb(files["astronaut"]))
     ref = decode(model, lr[None], options_for("sample", K, EPS, temperature=0.8, seed=3, prior_weight=1.0))
     assert (fetch(out[14]) == ref.images[0]).all()
-    s = out[-2]["sample"]
+    s = out[-3]["sample"]
     assert (s["k"], s["temperature"], s["seed"], s["block_hist"]) == (K, 0.8, 3, ref.stats[0].block_hist)
     assert s["mean_block"] > 1
     other = client.predict(*args, 4, api_name="/upscale")
@@ -408,7 +434,16 @@ def test_browser(server, files, tmp_path, monkeypatch):
             expect(page.locator("#stats-approx")).to_contain_text("done", timeout=300_000)
             expect(page.locator("#stats-exact")).to_contain_text("model calls", timeout=30_000)
             expect(page.locator("#status")).to_contain_text("Done", timeout=60_000)
-            expect(page.locator("#pasted img")).to_be_visible(timeout=30_000)  # the result in the photo
+            # the result in the photo, at the scale the model works at (face 1 is larger than 32 px):
+            # served at that size, shown large; beside it the bicubic face, pasted the same way
+            expect(page.locator("#pasted img")).to_be_visible(timeout=30_000)
+            expect(page.locator("#pasted")).to_contain_text("where this face is 8 px", timeout=30_000)
+            expect(page.locator("#pasted-bicubic")).to_contain_text("bicubic", timeout=30_000)
+            served = [page.locator(f"{el} img").evaluate("i => [i.naturalWidth, i.naturalHeight]")
+                      for el in ("#pasted", "#pasted-bicubic")]
+            assert served[0] == served[1] and max(served[0]) <= 3 * 32 + 4, served  # three crops across
+            for el in ("#pasted img", "#pasted-bicubic img"):
+                assert page.locator(el).bounding_box()["height"] > 300, el  # shown large enough to see
             for el in ("#out-exact img", "#out-approx img", "#map-exact img", "#bicubic img", "#real img"):
                 page.wait_for_function("s => { const i = document.querySelector(s); "
                                        "return i && i.complete && i.naturalWidth > 0; }", arg=el)
@@ -419,6 +454,7 @@ def test_browser(server, files, tmp_path, monkeypatch):
             expect(page.locator("#note")).to_contain_text("face 2 of 2 found", timeout=30_000)
             expect(page.locator("#out-exact img")).to_have_count(0, timeout=30_000)
             expect(page.locator("#pasted img")).to_have_count(0, timeout=30_000)
+            expect(page.locator("#pasted")).not_to_contain_text("where this face is 8 px", timeout=30_000)
             expect(page.locator("#stats-exact")).not_to_contain_text("model calls", timeout=30_000)
             # a refused face choice clears what belonged to the face before it, as a new one does
             page.locator("#choice textarea, #choice input").first.fill("9")

@@ -273,3 +273,62 @@ def test_paste_back_changes_only_the_faces(astronaut):
     # the smaller scale for a large photo
     assert F.paste_scale((4000, 3000)) == pytest.approx(math.sqrt(64e6 / 12e6))
     assert F.paste_scale((100, 100)) == 4
+
+
+def test_a_large_face_is_pasted_at_the_models_scale(astronaut, rng):
+    """Faces larger than the 32x32 output are pasted at the scale the model works at: the photo
+    reduced so the largest face is 8 px, then 4x. No face comes out larger than 32 px, the largest
+    about 32; a face much smaller than the model's input there is named."""
+    photo = Image.new("RGB", (2400, 1400), (90, 110, 130))
+    sides = rng.uniform(300, 700, 3)
+    for i, side in enumerate(sides):  # faces of different sizes; the smallest boxed by hand
+        photo.paste(astronaut.resize((round(side),) * 2, Image.Resampling.BICUBIC), (20 + 760 * i, 20))
+    tiny = (2300.0, 1300.0, 2306.0, 1306.0)  # 6 px box: under 1 px at the largest face's scale
+    faces = F.find_faces(photo) + [F.face_in_box(photo, tiny)]
+    assert len(faces) == 4
+    plan = F.paste_plan(photo.size, faces)
+    big = int(np.argmax([f.size for f in faces]))
+    assert plan.face == big and plan.scale == pytest.approx(32 / faces[big].size)
+    assert f"face {big} ({faces[big].size:.0f} px)" in plan.note and plan.small == [3] and "face 3 is under 4 px" in plan.note
+    # a photo read at reduced size: the note in its own pixels, the plan the same
+    own = F.paste_plan(photo.size, faces, own_size=(4800, 2800))
+    assert own.scale == plan.scale and own.note.startswith(f"{plan.note.split(':')[0]}: the photo at {plan.scale / 2:.3g}x")
+    assert f"face {big} ({2 * faces[big].size:.0f} px)" in own.note
+    out = np.full((32, 32, 3), (0, 255, 0), np.uint8)
+    pasted = F.paste_back(photo, faces, [out] * 4, plan.scale)
+    h, w = pasted.shape[:2]
+    assert (w, h) == F.pasted_size(photo.size, plan.scale) and w % 4 == 0 and h % 4 == 0
+    pasted_sides = [f.size * w / photo.width for f in faces]
+    assert max(pasted_sides) <= 32 + 1e-6 and max(pasted_sides) > 30
+    # outside the faces: the photo reduced (area) to a quarter of that and enlarged 4x (bicubic)
+    canvas = F.paste_canvas(photo, plan.scale)
+    small = photo.resize((w // 4, h // 4), Image.Resampling.BOX)
+    assert (canvas == np.asarray(small.resize((w, h), Image.Resampling.BICUBIC))).all()
+    green = (np.abs(pasted.astype(int) - (0, 255, 0)).max(-1) <= 1) & ~(canvas == (0, 255, 0)).all(-1)
+    assert 0.5 * 3 * 28 ** 2 < green.sum() < 3 * 32 ** 2 + 100  # three faces of at most 32 px, pasted
+
+
+def test_a_small_photos_faces_are_pasted_into_the_photo_4x(celeba_photos):
+    """Faces at most 32 px gain pixels from the model: the photo is enlarged 4x, as the docs'
+    96x24 group photo is, with the faces pasted at 4x; scale 4 is the photo's plain bicubic 4x
+    outside the faces. A large photo of such faces is enlarged less, never below its own size."""
+    crops = [p.crop(CELEBA_BOX).resize((24, 24), Image.Resampling.BOX) for p in celeba_photos]
+    group = Image.fromarray(np.concatenate([np.asarray(c) for c in crops], 1))  # 72x24
+    faces = [F.face_in_box(group, (24 * i + 6, 5, 24 * i + 18, 20)) for i in range(3)]
+    assert all(f.size <= 32 for f in faces)
+    plan = F.paste_plan(group.size, faces)
+    assert (plan.scale, plan.face, plan.small) == (4, None, []) and plan.note.startswith("288x96: the photo 4x")
+    outs = [np.full((32, 32, 3), 255 * (i % 2), np.uint8) for i in range(3)]
+    pasted = F.paste_back(group, faces, outs, plan.scale)
+    plain = np.asarray(group.resize((288, 96), Image.Resampling.BICUBIC))
+    ys, xs = np.mgrid[0:96, 0:288]
+    inside = np.zeros((96, 288), bool)
+    for f in faces:
+        pts = F.apply(f.matrix @ np.diag([0.25, 0.25, 1]), np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5], 1))
+        inside |= (F.feather_mask(pts) > 0).reshape(96, 288)
+    assert (pasted[~inside] == plain[~inside]).all() and not (pasted[inside] == plain[inside]).all()
+    big = F.paste_plan((8000, 6000), faces)  # 48 MP: enlarged to at most 64 MP, not reduced
+    assert big.scale == pytest.approx(math.sqrt(64e6 / 48e6)) and big.face is None
+    assert F.paste_scale((20000, 10000)) == 1
+    assert F.paste_plan((100, 100), []).scale == 4
+    assert F.paste_plan((100, 100), faces, scale=0.5).note.startswith("48x48: the photo at 0.5x, as asked; faces 0, 1, 2")

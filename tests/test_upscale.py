@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 from conftest import two_faces
+from sr_blockwise import faces as F
 from sr_blockwise import upscale
 from sr_blockwise import cli
 
@@ -820,7 +821,12 @@ def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, 
     for name in ["pair_face0_face0.png", "pair_face0_face1.png", "wall_face0.png", "tiny_face0.png"]:
         assert Image.open(out / name).size == (32, 32), name
         assert (out / name.replace(".png", "_compare.png")).is_file()
-    assert Image.open(out / "pair_face0_pasted.png").size == (832 * 4, 512 * 4)
+    # pasted back at the model's scale: the photo reduced so that its largest face is 8 px, then 4x
+    scale = json.loads((tmp_path / "m.json").read_text())["images"][0]["paste_scale"]
+    pasted_size = Image.open(out / "pair_face0_pasted.png").size
+    assert pasted_size == F.pasted_size((832, 512), scale) and scale < 0.25
+    assert (f"  {src / 'pair_face0.png'}: {pasted_size[0]}x{pasted_size[1]}: the photo at {scale:.3g}x, "
+            "where face 0 (") in cap.out
     # no face found: the centre square's result is written, but not pasted over the photo's middle
     wall = np.asarray(Image.open(src / "wall.png").resize((360, 240), Image.Resampling.BICUBIC))
     assert (np.asarray(Image.open(out / "wall_pasted.png")) == wall).all()
@@ -838,10 +844,18 @@ def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, 
     capsys.readouterr()
     again = {Path(r["output"]).name: r for r in json.loads((tmp_path / "m.json").read_text())["images"]}
     assert again.keys() == rows.keys() and again["pair_face0_face1.png"]["calls"] == p1["calls"]
-    # the pasted photo: the enlarged photo outside the faces, the results inside
+    # the pasted photo: the photo at that scale outside the faces, the results inside
     pasted = np.asarray(Image.open(out / "pair_face0_pasted.png"))
-    plain = np.asarray(two_faces().resize((832 * 4, 512 * 4), Image.Resampling.BICUBIC))
-    assert (pasted[:40] == plain[:40]).all() and not (pasted == plain).all()
+    plain = F.paste_canvas(two_faces(), scale)
+    assert (pasted[:2] == plain[:2]).all() and not (pasted == plain).all()
+    assert all(r["paste_scale"] == scale for r in rows.values() if r["input"].endswith("pair_face0.png"))
+    # a dry run gives each photo's scale (its faces are found, no model loaded)
+    assert main([str(src), "-o", str(tmp_path / "dry"), "--faces", "all", "--paste-back", "--dry-run"]) == 0
+    plans = {Path(line.split("\t")[1]).name: line.split("\t")[3] for line in capsys.readouterr().out.splitlines()}
+    assert plans["pair_face0.png"] == f"pasted back {pasted_size[0]}x{pasted_size[1]}: the photo at {scale:.3g}x, " \
+        f"where face 0 ({plans['pair_face0.png'].split('face 0 (')[1]}"
+    assert plans["wall.png"] == "pasted back 360x240: the photo 4x"  # no face: nothing pasted
+    assert plans["tiny.png"].startswith("pasted back: the 32x32 result")
     # largest only, and --no-face skip: the wall is listed, not written, and not a failure
     out2 = tmp_path / "out2"
     rc = main([str(src), "-o", str(out2), "--no-face", "skip"] + fast)
@@ -851,7 +865,7 @@ def test_faces_all_paste_back_and_photos_without_a_face(tmp_path, fast, capsys, 
     # --faces none: the centre square, no detection; pasted back into the photo too
     assert main([str(src), "-o", str(tmp_path / "out3"), "--faces", "none", "--paste-back"] + fast) == 0
     assert "warning" not in capsys.readouterr().err
-    assert Image.open(tmp_path / "out3" / "pair_face0_pasted.png").size == (832 * 4, 512 * 4)
+    assert Image.open(tmp_path / "out3" / "pair_face0_pasted.png").size == F.pasted_size((832, 512), 32 / 512)
     assert Image.open(tmp_path / "out3" / "tiny_pasted.png").size == (32, 32)  # an 8x8 input: its result
 
 

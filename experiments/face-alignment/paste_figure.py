@@ -41,8 +41,9 @@ if not found:
 up = Upscaler("cpu-finetuned", device="cpu", dtype="float32")
 lrs = np.stack([f.lr for f in found])
 outs = match_input(up.decode(lrs, up.options("exact"))[0], lrs)
-pasted = F.paste_back(group, found, outs)
+plan = F.paste_plan(group.size, found)  # faces of at most 32 px: the photo 4x
+pasted = F.paste_back(group, found, outs, plan.scale)
 plain = np.asarray(group.resize((group.width * 4, group.height * 4), Image.Resampling.BICUBIC))
 both = np.concatenate([plain, np.full((2, plain.shape[1], 3), 255, np.uint8), pasted], 0)
 Image.fromarray(both).resize((both.shape[1] * 2, both.shape[0] * 2), Image.Resampling.NEAREST).save("docs/faces-paste.png")
-print("docs/faces-paste.png: bicubic 4x above, faces pasted back below (shown 2x, nearest)")
+print(f"docs/faces-paste.png: bicubic 4x above, faces pasted back below ({plan.note}; shown 2x, nearest)")
