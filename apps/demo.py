@@ -349,7 +349,7 @@ def cmd_demo(args) -> int:
     model, name = up.model, up.weights
     if args.threads:  # before any worker thread starts: each begins with this count (DECODE_THREADS)
         torch.set_num_threads(args.threads)
-    from sr_blockwise import engine
+    from sr_blockwise.decoding import engine
     if not engine.available():  # built here, once, rather than in the first user's decode
         print("sr-blockwise demo: the native decoding engine is not available; decoding with PyTorch")
     data = args.data or DEFAULT_DATA / "celeba32.npz"

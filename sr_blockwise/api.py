@@ -43,7 +43,7 @@ def dtype_name(name: str) -> str:
 
 
 # decode's per-image seed for a sampling seed s: s * SEED_STRIDE is what decode gives an image
-# decoded alone with DecodeOptions(seed=s) (see decoding._sampling_noise), as the demo decodes
+# decoded alone with DecodeOptions(seed=s) (see decoding.sampling_noise), as the demo decodes
 SEED_STRIDE = 1_000_003
 
 

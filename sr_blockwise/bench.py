@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import engine as native
+from .decoding import engine as native
 from .decoding import DecodeOptions, decode
-from .engine import MAX_TOKENS
+from .decoding.engine import MAX_TOKENS
 from .model import SEQ_LEN, ImageTransformerSR, preset
 
 

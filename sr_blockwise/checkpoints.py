@@ -158,6 +158,8 @@ def load_model(name_or_path: str | Path = DEFAULT_WEIGHTS, dtype: torch.dtype = 
         raise WeightsError(f"{path}: tensor {k} has shape {tuple(state[k].shape)}, its config needs "
                            f"{tuple(want[k].shape)} ({len(bad)} mismatched)")
     model.load_state_dict({k: v.float() for k, v in state.items()})
+    if path.suffix != ".pt":
+        model.tree_accuracy = card.get("tree_accuracy", {})
     model.to(device)
     return model.for_inference(dtype) if for_inference else model
 

@@ -238,7 +238,7 @@ def draft_heads(model: ImageTransformerSR, h: torch.Tensor, k: int, src: torch.T
     with_logits: also returns the logits heads 2..k chose from, (b, k-1, 256) (the draft
     distributions speculative sampling verifies against; k=1: None). given: (tokens (b, k-1),
     counts (b,)): row i's first counts[i] proposals after the sure token are tokens[i, :counts[i]]
-    instead of the heads' (recycled proposals, decoding._verify); the heads after them read them
+    instead of the heads' (recycled proposals, decoding.torch_engine._verify); the heads after them read them
     as they read their own."""
     choose = choose or (lambda z, i: z.argmax(-1))
     if given is not None:
@@ -286,3 +286,46 @@ def _draft(model, h, k, src, pos, tokens, choose, prior_weight, first=None):
         zs.append(z[:, i] + nbr.to(z.dtype))
         props.append(choose(zs[-1], i - 1))
     return torch.stack(props, 1), torch.stack(zs, 1)
+
+
+def draft_tree(model: ImageTransformerSR, h: torch.Tensor, src: torch.Tensor, pos: torch.Tensor,
+               tokens: torch.Tensor, parent: torch.Tensor, depth: torch.Tensor, rank: torch.Tensor,
+               first: torch.Tensor, prior_weight: float = 1.0, score=None) -> torch.Tensor:
+    """A tree's node tokens (b, N) from decoder states h (b, d) that predict positions pos (b,),
+    given the decoded intensities tokens (b, S) (read before pos only). Node 0, the root, is
+    `first` (b,); node i at depth d >= 1 is the rank[i]-th best value of head d+1 given the
+    tokens on its path (parent[i]'s; with nbr_draft the prior reads the path as `draft_heads`
+    reads a block's proposals, so a chain of rank-0 nodes is draft_heads' block). Nodes come by
+    depth, parents first. score(logits (b, m, 256)) -> what candidates are ranked by (default
+    the logits)."""
+    D = int(depth.max())
+    z, _ = _heads_before_nbr(model, h, D + 1, src, pos, prior_weight)  # (b, D+1, 256)
+    b, N = h.shape[0], len(parent)
+    tok = first.new_zeros(b, N)
+    tok[:, 0] = first
+    path = first.new_zeros(b, N, D + 1)  # the tokens on each node's path, by depth
+    path[:, 0, 0] = first
+    heads, cfg = model.heads, model.cfg
+    j = torch.arange(2, D + 2, device=h.device)
+    u = pos[:, None] + j - 1  # (b, D) the heads' targets
+    if cfg.nbr_draft:
+        left_dec, back4_dec = intensities_at(tokens, u - 3), intensities_at(tokens, u - 4)
+        fixed = heads.draft_prior_fixed(lambda p: intensities_at(tokens, p), u[:, None], j)  # (b, 1, D, ...)
+    elif cfg.nbr_prior:
+        nbr_all = heads.neighbour_prior(tokens, u, j)  # every reference decoded: (b, D, 256)
+    for d in range(1, D + 1):
+        nodes = (depth == d).nonzero()[:, 0]
+        par = parent[nodes]
+        zd = z[:, d, None].expand(b, len(nodes), -1)
+        if cfg.nbr_draft:
+            left = path[:, par, d - 3] if d >= 3 else left_dec[:, d - 1, None].expand(b, len(nodes))
+            back4 = path[:, par, d - 4] if d >= 4 else back4_dec[:, d - 1, None].expand(b, len(nodes))
+            zd = zd + heads.draft_prior(fixed, d - 1, path[:, par, d - 1], left, back4).to(z.dtype)
+        elif cfg.nbr_prior:
+            zd = zd + nbr_all[:, d - 1, None].to(z.dtype)
+        s = zd if score is None else score(zd)
+        cand = s.topk(int(rank[nodes].max()) + 1, dim=-1).indices  # (b, m, R)
+        tok[:, nodes] = cand.gather(-1, rank[nodes][None, :, None].expand(b, -1, 1))[..., 0]
+        path[:, nodes] = path[:, par]
+        path[:, nodes, d] = tok[:, nodes]
+    return tok

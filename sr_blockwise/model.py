@@ -284,6 +284,8 @@ class ImageTransformerSR(nn.Module):
         self.lr_emb = nn.Embedding(VOCAB * CHANNELS, d) if cfg.lr_skip else None
         # lr_prior[ch, o + 255]: log-prior of intensity = input cell intensity + o
         self.lr_prior = nn.Parameter(torch.zeros(CHANNELS, 2 * VOCAB - 1)) if cfg.lr_prior else None
+        # the heads' measured rank accuracies by rule, from the weights' card: decoding/tree.py
+        self.tree_accuracy: dict = {}
         self.apply(self._init)
         if self.lr_emb is not None:
             nn.init.zeros_(self.lr_emb.weight)  # starts as the plain model (warm starts keep it)
@@ -463,6 +465,60 @@ class ImageTransformerSR(nn.Module):
             x = x + c.out(c.merge(attention64(c.split(c.q(layer.ln2(x))), ek, ev)).to(x.dtype))
             x = x + layer.ff(layer.ln3(x))
         return self.dec_ln(x)
+
+    def step_tree(self, cache: "KVCache", tokens: torch.Tensor, pos: torch.Tensor, depth: torch.Tensor,
+                  ancestors: torch.Tensor, rows: torch.Tensor | None = None):
+        """Feed a tree of N nodes per image in one call (tree verification). tokens: (B, N) each
+        node's token, fed as the previous token of position pos + depth (pos (B,): the position
+        after the last confirmed token; depth (N,) each node's depth, the root 0); ancestors
+        (N, N) True where node j is node i's ancestor or itself. A node reads the cache's
+        confirmed keys (positions < pos) in its local window, and its own path's keys, as `step`
+        would read them had the path been fed as a chain: so its state is the chain's. Nothing
+        is written to the cache (nodes of one depth share a position): returns the final states
+        (B, N, d) and every layer's node keys and values [(k, v) (B, H, N, hd)], which
+        `keep_path` writes for the accepted path."""
+        B, N = tokens.shape
+        L, H = self.cfg.block_len, self.cfg.n_heads
+        dev = tokens.device
+        qpos = pos[:, None] + depth  # (B, N)
+        src = cache.src if rows is None else cache.src[rows]
+        x = self.embed_targets(tokens, qpos.clamp(max=SEQ_LEN - 1), src)
+        qlo = ((qpos // L - 1) * L).clamp(min=0)
+        kpos = qlo[:, :1] + torch.arange(2 * L, device=dev)  # (B, 2L) the root's window covers every node's
+        mask_t = torch.cat([(kpos[..., None] >= qlo[:, None]) & (kpos[..., None] < pos[:, None, None]),
+                            ancestors.T[None].expand(B, N, N)], dim=1)[:, None]  # (B, 1, 2L + N, N)
+        bidx = (torch.arange(B, device=dev) if rows is None else rows)[:, None, None]
+        hidx = torch.arange(H, device=dev)[None, :, None]
+        kv = []
+        for i, layer in enumerate(self.decoder):
+            a = layer.self_attn
+            q, k, v = a.qkv(layer.ln1(x)).chunk(3, dim=-1)
+            k, v = a.split(k), a.split(v)  # (B, H, N, hd)
+            kv.append((k, v))
+            kw = torch.cat([cache.k[i][bidx, hidx, kpos[:, None]], k], dim=2)  # (B, H, 2L + N, hd)
+            vw = torch.cat([cache.v[i][bidx, hidx, kpos[:, None]], v], dim=2)
+            x = x + a.out(a.merge(attention64(a.split(q), kw, vw, mask_t)).to(x.dtype))
+            c = layer.cross_attn
+            ek, ev = cache.enc_k[i], cache.enc_v[i]
+            if rows is not None:
+                ek, ev = ek[rows], ev[rows]
+            x = x + c.out(c.merge(attention64(c.split(c.q(layer.ln2(x))), ek, ev)).to(x.dtype))
+            x = x + layer.ff(layer.ln3(x))
+        return self.dec_ln(x), kv
+
+    @staticmethod
+    def keep_path(cache: "KVCache", kv, path: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write the keys and values of the nodes `path` (B, D) (from step_tree's kv) at
+        positions pos + 0..D-1 of images rows: the accepted path becomes the cache's chain.
+        Entries past the accepted length land past the confirmed prefix, where nothing reads
+        them before they are overwritten."""
+        B, D = path.shape
+        qpos = pos[:, None] + torch.arange(D, device=pos.device)
+        at = path[:, None, :, None]
+        for i, (k, v) in enumerate(kv):
+            idx = at.expand(B, k.shape[1], D, k.shape[-1])
+            cache.k[i][rows[:, None], :, qpos] = k.gather(2, idx).transpose(1, 2)
+            cache.v[i][rows[:, None], :, qpos] = v.gather(2, idx).transpose(1, 2)
 
 
 class KVCache:

@@ -320,7 +320,7 @@ def slow_bf16_note(cfg: TrainConfig) -> str | None:
     """A warning where bf16 autocast would train on an x86 processor without bf16 instructions
     (AVX-512 BF16 or AMX): there torch's bf16 products ran ~100x slower than float32's
     (experiments/avx2-kernels/bench_decode.log, its last line), so float32 trains faster."""
-    from .engine import cpu_flags
+    from .decoding.engine import cpu_flags
     flags = set(cpu_flags().split())
     if not cfg.bf16 or not cfg.device.startswith("cpu") or b"avx2" not in flags:
         return None

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from sr_blockwise import engine
+from sr_blockwise.decoding import engine
 from sr_blockwise.bench import call_breakdown, call_cost_table, decode_table, time_call, train_throughput
 
 

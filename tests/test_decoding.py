@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from sr_blockwise import engine as native
-from sr_blockwise.decoding import (GUARD_SLOPE, DecodeOptions, _sampling_noise, accepted_length, cell_guard, decode,
+from sr_blockwise.decoding import engine as native
+from sr_blockwise.decoding import (GUARD_SLOPE, DecodeOptions, sampling_noise, accepted_length, cell_guard, decode,
                                    exact_block_stats, greedy, options_for, residual_logits,
                                    speculative_accepted_length, window_centre)
 from sr_blockwise.data import to_tokens
@@ -254,13 +254,13 @@ def test_sampling_is_seeded_and_batch_invariant(engine, k):
 def test_native_plain_sampling_is_the_gumbel_max_of_its_own_logits(T):
     """k=1 on the native engine: every token is argmax(z / T + g) for p1's logits z at its prefix
     (the engine's own, teacher-forced over the sample) and that position's noise g from
-    _sampling_noise, i.e. a draw from softmax(z / T) with the torch engine's noise."""
+    sampling_noise, i.e. a draw from softmax(z / T) with the torch engine's noise."""
     m = make_tiny(10).for_inference(torch.float32)
     lr = np.random.default_rng(10).integers(0, 256, (1, 8, 8, 3), dtype=np.uint8)
     opts = DecodeOptions(k=1, temperature=T, seed=4, prior_weight=1.5)
     out = decode(m, lr, opts, engine="native")
     tokens = torch.from_numpy(to_tokens(out.images))[0]
-    g = _sampling_noise(1, opts, "cpu")[0][0]
+    g = sampling_noise(1, opts, "cpu")[0][0]
     batch = native.Batch(m, torch.from_numpy(to_tokens(lr)), 16, opts.prior_weight)
     prev = torch.cat([torch.tensor([-1]), tokens[:-1]])
     z = torch.cat([batch.step(0, prev[s:s + 16], s)[1] for s in range(0, SEQ_LEN, 16)])
@@ -552,7 +552,7 @@ _numbers = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity
 
 @st.composite
 def valid_options(draw):
-    """Every kind of valid DecodeOptions: each mode, with or without guidance, min_block, seeds."""
+    """Every kind of valid DecodeOptions: each mode, with or without guidance, min_block, seeds, trees."""
     k = draw(st.integers(1, 16))
     w = draw(st.one_of(st.just(1.0), _numbers))
     guard = draw(st.one_of(st.just(0.0), _numbers))
@@ -560,12 +560,13 @@ def valid_options(draw):
     if kind == "sample":
         return DecodeOptions(k=k, temperature=draw(_numbers.filter(lambda t: t > 0)),
                              seed=draw(st.integers(0, 2**32 - 1)), prior_weight=w, guard=guard)
-    mb = draw(st.integers(1, k))
+    tree = draw(st.one_of(st.just(0), st.integers(2, 1024))) if k > 1 else 0
+    mb = draw(st.integers(1, k)) if not tree else 1
     fields = {"exact": {}, "exact-heads": {"propose": "argmax"}, "oracle": {"rule": "oracle"},
               "eps": {"rule": "eps", "eps": draw(st.integers(0, 255))},
               "window": {"rule": "eps", "eps": draw(st.integers(0, 255)), "propose": "window"},
               "topk": {"rule": "topk", "top_k": draw(st.integers(1, 256))}}[kind]
-    return DecodeOptions(k=k, min_block=mb, prior_weight=w, guard=guard, **fields)
+    return DecodeOptions(k=k, min_block=mb, prior_weight=w, guard=guard, tree=tree, **fields)
 
 
 @settings(max_examples=400, deadline=None)
@@ -582,7 +583,7 @@ def test_spec_round_trips(opts):
                  eps=st.integers(-1, 3), top_k=st.integers(0, 3), min_block=st.integers(0, 4),
                  temperature=st.one_of(st.just(0.0), st.floats(-1, 2)), seed=st.integers(-2, 2),
                  propose=st.sampled_from(PROPOSALS + (None,)), prior_weight=st.one_of(st.just(1.0), st.floats(-1, 3)),
-                 guard=st.one_of(st.just(0.0), st.floats(-1, 64))))
+                 guard=st.one_of(st.just(0.0), st.floats(-1, 64)), tree=st.sampled_from([0, 0, -1, 1, 2, 5, 2000])))
 def test_any_options_are_refused_with_a_reason_or_round_trip(opts):
     """Options with a setting that changes nothing (eps outside the eps rule, a seed without a
     temperature...) or out of range are refused; every other one has a spec that reads back."""

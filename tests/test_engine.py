@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from sr_blockwise import engine
+from sr_blockwise.decoding import engine
 from sr_blockwise.decoding import DecodeOptions, decode
 from sr_blockwise.model import SEQ_LEN, ImageTransformerSR, preset
 

@@ -456,7 +456,7 @@ def test_store_keys_tell_rows_apart(monkeypatch):
     assert a != store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr + 1)
     assert a != store.key("other", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr)
     assert a == store.key("sha", "greedy", ev.DecodeOptions(k=1), "bf16", "cpu", lr.copy())
-    from sr_blockwise import engine
+    from sr_blockwise.decoding import engine
     tiles = engine.available() and engine.uses_amx()
     monkeypatch.setattr(engine, "available", lambda: True)
     monkeypatch.setattr(engine, "uses_amx", lambda: not tiles)

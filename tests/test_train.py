@@ -73,7 +73,7 @@ def test_bf16_autocast_training_resumes_exactly(small_data, tmp_path, monkeypatc
 def test_bf16_autocast_on_a_processor_without_bf16_instructions_is_warned_of(monkeypatch):
     """bf16 autocast on an x86 CPU without AVX-512 BF16 or AMX gets a warning naming --fp32; with
     either instruction set, float32, or a GPU, none."""
-    from sr_blockwise import engine
+    from sr_blockwise.decoding import engine
     from sr_blockwise.train import slow_bf16_note
     for flags, device, bf16, warned in [(b"flags : fpu sse2 avx avx2 fma", "cpu", True, True),
                                         (b"flags : fpu avx2 avx512f avx512_bf16", "cpu", True, False),

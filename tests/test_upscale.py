@@ -238,7 +238,7 @@ def test_a_photo_whose_batch_fails_is_not_decoded_further(tmp_path, fast, capsys
 
 
 def test_decoding_on_the_pytorch_engine_is_said_with_the_reason(tmp_path, fast, capsys, monkeypatch, rng):
-    from sr_blockwise import engine
+    from sr_blockwise.decoding import engine
 
     def refused():
         raise RuntimeError("building the native engine failed:\nengine.cpp:38:43: error: no AVX-512 here")

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/decode_ab.py
 from decode_ab import arguments, compare
-from sr_blockwise import engine
+from sr_blockwise.decoding import engine
 from sr_blockwise.checkpoints import load_model
 
 args = arguments()

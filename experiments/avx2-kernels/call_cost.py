@@ -17,7 +17,7 @@ TOKENS, BATCHES = (1, 2, 4, 7), (1, 16)
 
 def measure(source: str, dtype: str) -> list[dict]:
     import torch
-    from sr_blockwise import engine
+    from sr_blockwise.decoding import engine
     engine.SOURCE = Path(source)
     from sr_blockwise.bench import call_cost_table
     from sr_blockwise.checkpoints import load_model

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from sr_blockwise import engine
+from sr_blockwise.decoding import engine
 from sr_blockwise.api import Upscaler
 from sr_blockwise.data import DEFAULT_DATA, downsample_8, load_faces
 from sr_blockwise.metrics import psnr, ssim

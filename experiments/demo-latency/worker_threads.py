@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from sr_blockwise import engine
+from sr_blockwise.decoding import engine
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
 from sr_blockwise.decoding import decode

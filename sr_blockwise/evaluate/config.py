@@ -23,33 +23,34 @@ class Mode:
     # eps-window=E: "window" (the heads propose window centres); exact-heads: "argmax" (the heads'
     # proposals alone); None: DecodeOptions' default for the rule (exact: recycled proposals)
     propose: str | None = None
+    tree: int = 0  # candidates verified per call as a tree (0: the chain)
 
     def options(self, k: int, prior_weight: float = 1.0) -> DecodeOptions:
         return DecodeOptions(k=k, rule=self.rule, eps=self.eps, top_k=self.top_k, min_block=self.min_block,
-                             propose=self.propose, prior_weight=prior_weight)
+                             propose=self.propose, prior_weight=prior_weight, tree=self.tree)
 
 
 def parse_mode(text: str) -> Mode:
     """A MODE of the project's decode-mode grammar (decoding.DecodeOptions.parse) without settings,
     which --k and --prior-weight fill in: greedy | exact | exact-heads (the heads' proposals alone,
     the paper's) | oracle | eps=E | eps-window=E (the eps rule with window-centre proposals) |
-    top-k=N | min-block=N (the exact rule)."""
-    head, colon, _ = str(text).strip().partition(":")
-    if colon:
-        raise ValueError(f"mode {text!r}: give the mode alone ({head}); k comes from --k and the input "
-                         f"guidance from --prior-weight")
+    top-k=N | min-block=N (the exact rule); :tree=N verifies N candidates a call as a tree."""
+    head, colon, rest = str(text).strip().partition(":")
+    if colon and not all(x.strip().lower().startswith("tree=") for x in rest.split(":")):
+        raise ValueError(f"mode {text!r}: give the mode alone ({head}), or with :tree=N; k comes from --k and "
+                         f"the input guidance from --prior-weight")
     if head.strip().lower() == "sample":
         raise ValueError(f"mode {text!r}: evaluate measures greedy and blockwise decoding, not sampling")
     try:
-        o = DecodeOptions.parse(head, k=SEQ_LEN)  # a stand-in k: the modes are crossed with --k
+        o = DecodeOptions.parse(text.strip(), k=16)  # a stand-in k: the modes are crossed with --k
     except ValueError as e:
         if str(e).startswith("unknown decode mode"):
             raise ValueError(f"unknown mode {text!r}: use greedy, exact, exact-heads, oracle, eps=E, eps-window=E, "
                              f"top-k=N or min-block=N") from None
         raise ValueError(f"mode {text!r}: {e}") from None
-    default = DecodeOptions(k=o.k, rule=o.rule, eps=o.eps, top_k=o.top_k, min_block=o.min_block).propose
-    return Mode(o.mode, rule=o.rule, eps=o.eps, top_k=o.top_k, min_block=o.min_block,
-                propose=None if o.propose == default else o.propose)
+    default = DecodeOptions(k=o.k, rule=o.rule, eps=o.eps, top_k=o.top_k, min_block=o.min_block, tree=o.tree).propose
+    return Mode(o.mode + (f":tree={o.tree}" if o.tree else ""), rule=o.rule, eps=o.eps, top_k=o.top_k,
+                min_block=o.min_block, propose=None if o.propose == default else o.propose, tree=o.tree)
 
 
 def parse_list(text, kind=str) -> list:

@@ -141,7 +141,7 @@ def replayable(opts: DecodeOptions) -> bool:
     """Whether exact_block_stats gives this decode's blocks without decoding: greedy's output with
     the heads' proposals alone (exact-heads); recycled proposals read logits past a rejected token,
     which no pass over the greedy output computes."""
-    return opts.is_exact and opts.propose != "recycle"
+    return opts.is_exact and opts.propose != "recycle" and not opts.tree
 
 
 def _use_replay(rec: dict, replayed: list, decoded: list, greedy: dict) -> None:

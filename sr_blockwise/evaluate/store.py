@@ -12,16 +12,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import engine
+from ..decoding import engine
 from ..decoding import DecodeOptions, DecodeStats, decode
 
 
 STORE_VERSION = 1  # layout of a DecodeStore batch file
 
 # the code a stored batch's output and timing depend on: a change to it invalidates the store
-CODE_VERSION = hashlib.sha256(b"".join((Path(__file__).parent.parent / f).read_bytes()
-                                       for f in ("decoding.py", "model.py", "heads.py", "engine.py",
-                                                 "engine.cpp"))).hexdigest()[:16]
+_PACKAGE = Path(__file__).parent.parent
+_DECODING = sorted((_PACKAGE / "decoding").glob("*.py")) + [_PACKAGE / "decoding" / "engine.cpp"]
+CODE_VERSION = hashlib.sha256(b"".join(f.read_bytes() for f in [*_DECODING, _PACKAGE / "model.py", _PACKAGE / "heads.py"])
+                              ).hexdigest()[:16]
 
 class DecodeStore:
     """Finished decode batches on disk, one .npz each, so that a long evaluation (hours on a CPU)

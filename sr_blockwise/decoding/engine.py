@@ -21,13 +21,18 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .model import SEQ_LEN, SRC_LEN, VOCAB, ImageTransformerSR
+from ..data import from_tokens, to_tokens
+from ..model import SEQ_LEN, SRC_LEN, VOCAB, ImageTransformerSR
+from .guard import GUARD_SLOPE
+from .results import DecodeResult, DecodeStats
+from .sampling import sampling_noise
 
 SOURCE = Path(__file__).with_name("engine.cpp")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
@@ -367,7 +372,7 @@ class Batch:
         return self.stage_ticks
 
     def sample_with(self, noise: tuple) -> None:
-        """Sampling's noise tables (decoding._sampling_noise: the sure tokens' Gumbel noise (B,
+        """Sampling's noise tables (sampling.sampling_noise: the sure tokens' Gumbel noise (B,
         3072, 256), and for k > 1 the acceptance uniforms (B, 3072) and the drafts' Gumbel noise
         (B, 3072, 256)), which the "sample" rule reads."""
         first, accept, draft = (_f32(x) if x is not None else None for x in noise)
@@ -429,3 +434,90 @@ class Batch:
         z = torch.empty(n, VOCAB)
         library().engine_step(ctypes.byref(self.struct), b, n, _ptr(prev, _I64), pos0, _ptr(h), _ptr(z))
         return h, z
+
+
+# ---------------------------------------------------------------- which engine decodes
+
+ENGINES = ("auto", "native", "torch")
+
+
+
+def not_native(model: ImageTransformerSR) -> str | None:
+    """Why the native engine cannot decode this model here, or None where it can."""
+    if next(model.parameters()).device.type != "cpu":
+        return "the native engine runs on the CPU"
+    if supports(model):
+        return supports(model)
+    if not available():
+        return build_problem()
+    return None
+
+
+def engine_for(model: ImageTransformerSR, opts, engine: str = "auto") -> str:
+    """Which engine decodes: "native" (engine.cpp: a whole blockwise step of a
+    batch in one call, float32 arithmetic) wherever it can, else "torch" (the PyTorch step:
+    head1='layer' models, GPUs, machines without a C++ compiler)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose from {ENGINES}")
+    if opts.tree:  # on a CPU a call's cost grows with its candidates: a tree does not pay here
+        if engine == "native":
+            raise ValueError("tree verification runs on the torch engine")
+        return "torch"
+    why = not_native(model)
+    if engine == "native" and why:
+        raise ValueError(why)
+    return "torch" if (engine == "torch" or why) else "native"
+
+
+# ---------------------------------------------------------------- decoding on the engine
+
+CALLS_PER_CROSSING = 256  # at most, from Python into the engine: ~0.01 s at batch 1, ~0.5 s at batch 64
+
+
+def decode_native(model, lr, opts, progress, progress_every, proposer, seeds=None) -> DecodeResult:
+    """decode on the native engine: one call per blockwise step of the whole batch, several calls
+    a crossing from Python (Batch.iterate's max_calls); the loop here only notes when images
+    finish, reports progress and hands proposals to a `proposer` if one is given. Sampling reads
+    the same per-image noise tables as the torch engine (sampling_noise)."""
+    t0 = time.perf_counter()
+    src = torch.from_numpy(to_tokens(lr)).cpu()
+    B, k = len(lr), opts.k
+    batch = Batch(model, src, k, opts.prior_weight, opts.guard, GUARD_SLOPE)
+    window = opts.eps if opts.propose == "window" and opts.eps > 0 else 0
+    if opts.temperature > 0:
+        batch.sample_with(sampling_noise(B, opts, "cpu", seeds, speculative=k > 1))
+        copts = batch.options("sample", temperature=opts.temperature)
+    else:
+        copts = batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window,
+                              recycle=opts.propose == "recycle")
+    rows = torch.arange(B, dtype=torch.int64)
+    batch.start(copts, rows)
+    if proposer is not None and k > 1:
+        batch.props[:, 1:] = proposer(batch.t.clone(), rows.clone(), k)
+    finish = np.zeros(B)
+    live, n_calls = B, 1
+    t = batch.t.numpy()  # a view: the engine updates it in place
+    while live:
+        was = live
+        # as many calls in one crossing as nothing here needs between them (an outside proposer
+        # every call, progress every progress_every), up to CALLS_PER_CROSSING (Ctrl-C is seen
+        # between crossings); the engine returns when an image finishes
+        calls = 1 if proposer is not None and k > 1 else CALLS_PER_CROSSING
+        if progress is not None:
+            calls = min(calls, progress_every - n_calls % progress_every)
+        live, made = batch.iterate(copts, rows, live, propose=proposer is None, max_calls=calls)
+        n_calls += made
+        if live < was:  # the images that finished in the last call
+            finish[(t >= SEQ_LEN) & (finish == 0)] = time.perf_counter() - t0
+        if proposer is not None and k > 1 and live:
+            r = rows[:live].clone()
+            batch.props[r, 1:] = proposer(batch.t[r], r, k).to(torch.int64)
+        if progress is not None and n_calls % progress_every == 0:
+            progress(batch.tokens[:, :SEQ_LEN].numpy().copy(), batch.t.numpy().copy(), batch.block_map.numpy().copy(), n_calls)
+    seconds = time.perf_counter() - t0
+    tokens = batch.tokens[:, :SEQ_LEN].numpy().copy()
+    stats = [DecodeStats(int(batch.calls[i]), batch.hist[i].tolist(), float(finish[i])) for i in range(B)]
+    if progress is not None:
+        progress(tokens, batch.t.numpy().copy(), batch.block_map.numpy().copy(), n_calls)
+    return DecodeResult(from_tokens(tokens), stats, batch.block_map.numpy().copy(), seconds, n_calls,
+                        {"engine": "native"})

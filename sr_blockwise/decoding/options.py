@@ -1,0 +1,344 @@
+"""How to decode: DecodeOptions and the decode-mode grammar that writes and reads them, and the
+user-facing modes' defaults (options_for)."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import ImageTransformerSR
+
+RULES = ("exact", "eps", "topk", "oracle")
+MAX_TREE = 1024  # candidates a tree verifies per call, at most
+PROPOSALS = ("argmax", "window", "recycle")
+
+# One grammar for decode modes, read by the upscale options, evaluate, bench-decode and the rating
+# tool:   MODE[:k=K][:tree=N][:min-block=N][:w=G][:guard=L][:T=T][:seed=S]
+# MODE is greedy (k=1), exact (recycled proposals), exact-heads (the paper's: the heads' alone),
+# oracle, eps=E, eps-window=E, top-k=N, min-block=N (the exact rule, at least N tokens a call) or
+# sample (temperature T > 0; k > 1 is speculative sampling). k: block
+# size; tree: N candidates verified per call as a tree (tree.py; exact, eps, top-k and oracle; in
+# exact mode a tree's nodes are the heads', as exact-heads'); min-block=N after eps / top-k / oracle; w: input guidance (prior_weight, default 1); guard:
+# the cell guard's tolerance in levels (default 0, off); T and seed: sampling only. Settings come
+# in any order; every mode but greedy needs k (a caller may fill it in:
+# DecodeOptions.parse(spec, k=6)). DecodeOptions.spec writes the one canonical form:
+# DecodeOptions.parse(o.spec) == o.
+SPEC_MODES = ("greedy", "exact", "exact-heads", "oracle", "sample", "eps=E", "eps-window=E", "top-k=N",
+              "min-block=N")
+SPEC_HELP = ("MODE[:k=K][:tree=N][:min-block=N][:w=G][:guard=L][:T=T][:seed=S] with MODE one of " + ", ".join(SPEC_MODES)
+             + " (e.g. exact:k=6, eps=2:k=6:w=2, exact:k=10:tree=64, sample:k=4:T=0.8)")
+_MODE_ALIASES = {"topk": "top-k", "minblock": "min-block", "epswindow": "eps-window", "exactheads": "exact-heads"}
+_KEYS = {"k": "k", "tree": "tree", "w": "w", "guard": "guard", "t": "T", "seed": "seed", "min-block": "min-block",
+         "minblock": "min-block"}
+_INT = re.compile(r"[+-]?\d+")
+
+
+def _spec_number(x: float) -> str:
+    """The shortest text that reads back as exactly x: 2.0 -> '2', 0.8 -> '0.8'."""
+    s = f"{x:g}"
+    return s if float(s) == x else repr(float(x))
+
+
+def check_seed(seed) -> None:
+    """ValueError unless a sampling seed is a whole number in 0..2^32-1: torch's generators take
+    64 bits, and a seed is multiplied by a per-image stride before it reaches one."""
+    whole = isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)
+    if not (whole and 0 <= seed < 2**32):
+        raise ValueError(f"seed must be a whole number in 0..{2**32 - 1}, got {seed!r}")
+
+
+@dataclass
+class DecodeOptions:
+    """How to decode. propose's default depends on the other fields, and is settled when the
+    options are made: derive options by making new ones (DecodeOptions(...), parse, options_for),
+    not with dataclasses.replace, which would carry the first ones' choice over."""
+    k: int = 1  # block size: tokens proposed per call (1 = greedy)
+    rule: str = "exact"  # exact | eps | topk | oracle (accept everything: the speed upper bound)
+    eps: int = 0  # eps rule: accept a proposal within eps intensity levels of p1's argmax
+    top_k: int = 1  # topk rule: accept a proposal among p1's top_k values
+    min_block: int = 1  # accept at least this many tokens per call, whatever the rule says
+    # > 0: sample at this temperature; with k > 1 by speculative sampling (the heads' sampled
+    # drafts accepted with probability min(1, p/q), a rejected one resampled from max(0, p - q)):
+    # the output has the distribution of plain one-token-per-call sampling. 0: greedy / blockwise
+    temperature: float = 0.0
+    seed: int = 0
+    # where proposals 2..k come from: "argmax", the heads' argmax (the paper; the grammar's
+    # exact-heads); for the eps rule "window", the centre of the most probable (2*eps+1)-wide
+    # window of the head's distribution, the value most likely to land within eps of p1's argmax;
+    # for the exact rule "recycle" (the grammar's exact): the heads' argmax, except at the
+    # positions the last call verified past its rejected proposal, where p1's own argmax from
+    # that call (those logits read the rejected token, yet exact mode's blocks grow 1.5 -> 2.1 at
+    # k=6, output unchanged; under the eps rule such proposals were accepted less often than the
+    # heads': experiments/recycled-proposals/). None: "recycle" where it applies (the exact rule,
+    # k > 1, min_block 1, no sampling), else "argmax"
+    propose: str | None = None
+    # input guidance: the weight of the model's learned prior over (intensity - the 8x8 input's
+    # intensity of that cell and channel), in p1 and in every head. 1 is the model as trained;
+    # above 1 pulls every prediction toward the input (measured: 2 is closer to the real faces
+    # than 1 and lengthens blocks; large weights give the blocky nearest-neighbour upscale).
+    # Exact mode equals greedy decoding at the same weight.
+    prior_weight: float = 1.0
+    # the cell guard (cell_guard): > 0 pulls a 4x4 cell back while it is decoded once its mean
+    # would end up more than this many levels off the cell's 8x8 input pixel, as in greedy
+    # decoding's collapses and rarely in real faces (experiments/cell-guard/); 0: off, the model
+    # as trained. It acts on p1 (the heads propose unguarded): exact mode equals greedy decoding
+    # with the same guard.
+    guard: float = 0.0
+    # > 0: verify a tree of this many candidates per call (decoding/tree.py: several candidates
+    # per position, the longest path that passes the rule is kept), k - 1 levels deep at most;
+    # 0: the chain of k proposals
+    tree: int = 0
+
+    def __post_init__(self):
+        if self.propose is None:
+            recycles = (self.rule == "exact" and self.k > 1 and self.min_block == 1 and self.temperature == 0
+                        and not self.tree)
+            self.propose = "recycle" if recycles else "argmax"
+
+    def validate(self) -> None:
+        """Raise ValueError naming what is wrong with these options on any model (check() adds
+        the model's limits). A setting that would change nothing is refused too, so that every
+        valid DecodeOptions has exactly one spec."""
+        if self.k < 1:
+            raise ValueError(f"k={self.k}: the block size must be >= 1")
+        if self.rule not in RULES:
+            raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
+        if self.propose not in PROPOSALS:
+            raise ValueError(f"unknown proposal {self.propose!r}; choose from {PROPOSALS}")
+        if not 0 <= self.eps <= 255:
+            raise ValueError(f"eps must be in 0..255 intensity levels, got {self.eps}")
+        if self.eps != 0 and self.rule != "eps":
+            raise ValueError(f"eps={self.eps} is the eps rule's tolerance; the {self.rule} rule would ignore it")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_k != 1 and self.rule != "topk":
+            raise ValueError(f"top_k={self.top_k} is the topk rule's setting; the {self.rule} rule would ignore it")
+        if not 1 <= self.min_block <= self.k:
+            raise ValueError(f"min_block must be in 1..k={self.k}, got {self.min_block}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
+        if self.temperature > 0 and (self.rule != "exact" or self.min_block != 1 or self.propose != "argmax"):
+            raise ValueError("sampling (temperature > 0) accepts by speculative sampling's own rule, which keeps "
+                             "the samples' distribution: use the exact rule, min_block 1, argmax proposals")
+        check_seed(self.seed)
+        if self.seed != 0 and self.temperature == 0:
+            raise ValueError(f"seed={self.seed} is for sampling (temperature > 0); greedy and blockwise "
+                             f"decoding draw nothing")
+        if self.propose == "window" and self.rule != "eps":
+            raise ValueError("window proposals are for the eps rule (they aim within eps levels)")
+        if self.propose == "recycle" and not (self.rule == "exact" and self.k > 1 and self.min_block == 1):
+            raise ValueError("recycled proposals are for the exact rule with k > 1 and min_block 1 (p1's own "
+                             "choices, which only the exact rule keeps as they are)")
+        if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
+            raise ValueError(f"prior_weight must be a number >= 0, got {self.prior_weight}")
+        if not (math.isfinite(self.guard) and self.guard >= 0):
+            raise ValueError(f"guard must be a number of levels >= 0 (0: off), got {self.guard}")
+        if self.tree:
+            self._validate_tree()
+
+    def _validate_tree(self) -> None:
+        if not 2 <= self.tree <= MAX_TREE:
+            raise ValueError(f"tree={self.tree}: a tree verifies 2..{MAX_TREE} candidates per call (0: the chain)")
+        if self.k < 2:
+            raise ValueError("a tree needs k >= 2 (its depth is at most k - 1)")
+        if self.temperature > 0:
+            raise ValueError("trees verify greedy choices: speculative sampling keeps its distribution with one "
+                             "draft per position only (use sample:k=K without tree)")
+        if self.min_block != 1:
+            raise ValueError("min-block forces a chain's prefix; a tree has no single prefix to force")
+        if self.propose == "recycle":
+            raise ValueError("recycled proposals are a chain's (a tree's nodes come from the heads)")
+
+    def check(self, model: ImageTransformerSR) -> None:
+        self.validate()
+        K = model.cfg.n_blockwise
+        if not 1 <= self.k <= K:
+            raise ValueError(f"k={self.k}: this model has {K} blockwise heads, so k must be in 1..{K}")
+        if self.prior_weight != 1 and model.lr_prior is None:
+            raise ValueError("prior_weight needs a model with the learned input prior (lr_prior); "
+                             "this model has none: use prior_weight=1")
+
+    @property
+    def mode(self) -> str:
+        """The spec's MODE part: greedy, exact, exact-heads, oracle, sample, eps=E, eps-window=E,
+        top-k=N or min-block=N."""
+        self.validate()
+        if self.temperature > 0:
+            return "sample"
+        if self.rule == "eps":
+            return f"eps-window={self.eps}" if self.propose == "window" else f"eps={self.eps}"
+        if self.rule == "topk":
+            return f"top-k={self.top_k}"
+        if self.rule == "oracle":
+            return "oracle"
+        if self.min_block > 1:
+            return f"min-block={self.min_block}"
+        if self.k == 1:
+            return "greedy"
+        return "exact" if self.propose == "recycle" or self.tree else "exact-heads"
+
+    @property
+    def spec(self) -> str:
+        """These options in the decode-mode grammar (canonical: DecodeOptions.parse(o.spec) == o)."""
+        mode = self.mode
+        parts = [mode] if mode == "greedy" else [mode, f"k={self.k}"]
+        if self.tree:
+            parts.append(f"tree={self.tree}")
+        if self.min_block > 1 and not mode.startswith("min-block="):
+            parts.append(f"min-block={self.min_block}")
+        if self.prior_weight != 1:
+            parts.append(f"w={_spec_number(self.prior_weight)}")
+        if self.guard:
+            parts.append(f"guard={_spec_number(self.guard)}")
+        if self.temperature > 0:
+            parts.append(f"T={_spec_number(self.temperature)}")
+            if self.seed != 0:
+                parts.append(f"seed={self.seed}")
+        return ":".join(parts)
+
+    @classmethod
+    def parse(cls, spec: str, k: int | None = None, prior_weight: float | None = None,
+              guard: float | None = None) -> "DecodeOptions":
+        """A decode-mode spec (see SPEC_HELP) -> DecodeOptions. k, prior_weight, guard: the block
+        size, input guidance and cell guard where the spec gives none (e.g. from a separate --k
+        list or --prior-weight flag). Raises ValueError naming what is wrong."""
+        if not isinstance(spec, str) or not spec.strip():
+            raise ValueError(f"empty decode mode: use {SPEC_HELP}")
+        head, *settings = [p.strip() for p in spec.strip().split(":")]
+        name, eq, value = head.lower().replace("_", "-").partition("=")
+        name = _MODE_ALIASES.get(name.replace("-", ""), name)
+
+        def whole(key, text):
+            if not _INT.fullmatch(text.strip()):
+                raise ValueError(f"decode mode {spec!r}: {key}={text} is not a whole number")
+            return int(text)
+
+        def number(key, text):
+            try:
+                x = float(text)
+            except ValueError:
+                x = float("nan")
+            if not math.isfinite(x):
+                raise ValueError(f"decode mode {spec!r}: {key}={text} is not a number")
+            return x
+
+        fields = {}
+        if name in ("greedy", "exact", "exact-heads", "oracle", "sample") and not eq:
+            fields["rule"] = "oracle" if name == "oracle" else "exact"
+        elif name in ("eps", "eps-window", "top-k", "min-block") and eq:
+            v = whole(name, value)
+            if v < (1 if name in ("top-k", "min-block") else 0):
+                raise ValueError(f"decode mode {spec!r}: {name} must be >= {1 if name in ('top-k', 'min-block') else 0}")
+            fields.update({"eps": {"rule": "eps", "eps": v}, "eps-window": {"rule": "eps", "eps": v, "propose": "window"},
+                           "top-k": {"rule": "topk", "top_k": v}, "min-block": {"rule": "exact", "min_block": v}}[name])
+        else:
+            raise ValueError(f"unknown decode mode {head!r} in {spec!r}: use {SPEC_HELP}")
+        given = {}
+        for item in settings:
+            key, eq, value = item.partition("=")
+            key = _KEYS.get(key.strip().lower())
+            if not eq or key is None:
+                raise ValueError(f"decode mode {spec!r}: unknown setting {item!r}; use k=K, tree=N, w=G, guard=L, T=T, "
+                                 f"seed=S or min-block=N")
+            if key in given or (key == "min-block" and "min_block" in fields):
+                raise ValueError(f"decode mode {spec!r}: {key} is given twice")
+            given[key] = value.strip()
+        if "k" in given:
+            fields["k"] = whole("k", given["k"])
+        elif name == "greedy":
+            fields["k"] = 1
+        elif k is not None:
+            fields["k"] = int(k)
+        else:
+            raise ValueError(f"decode mode {spec!r}: say the block size, e.g. {head}:k=6")
+        if name == "greedy" and fields["k"] != 1:
+            raise ValueError(f"decode mode {spec!r}: greedy decodes one token per call (k=1); use exact:k={fields['k']}")
+        if name == "exact-heads":
+            fields["propose"] = "argmax"
+        if "min-block" in given:
+            fields["min_block"] = whole("min-block", given["min-block"])
+        if "tree" in given:
+            fields["tree"] = whole("tree", given["tree"])
+        # input guidance and the cell guard: the spec's, else the caller's
+        for key, field, caller, rule in (("w", "prior_weight", prior_weight, "w (the input guidance) must be >= 0"),
+                                         ("guard", "guard", guard, "guard (levels) must be >= 0 (0: off)")):
+            if key in given:
+                fields[field] = number(key, given[key])
+                if fields[field] < 0:
+                    raise ValueError(f"decode mode {spec!r}: {rule}")
+            elif caller is not None:
+                fields[field] = float(caller)
+        if name == "sample":
+            if "T" not in given:
+                raise ValueError(f"decode mode {spec!r}: sample needs a temperature, e.g. {spec}:T=0.8")
+            fields["temperature"] = number("T", given["T"])
+            if fields["temperature"] <= 0:
+                raise ValueError(f"decode mode {spec!r}: sampling needs T > 0 (T=0 is greedy decoding)")
+            if "seed" in given:
+                fields["seed"] = whole("seed", given["seed"])
+        elif "T" in given or "seed" in given:
+            raise ValueError(f"decode mode {spec!r}: T and seed are for the sample mode ({name} draws nothing)")
+        opts = cls(**fields)
+        try:
+            opts.validate()
+        except ValueError as e:
+            raise ValueError(f"decode mode {spec!r}: {e}") from None
+        return opts
+
+    @property
+    def is_exact(self) -> bool:
+        """Output identical to greedy decoding (by construction; see tests)."""
+        return self.temperature == 0 and self.min_block == 1 and (
+            self.k == 1 or self.rule == "exact" or (self.rule == "eps" and self.eps == 0)
+            or (self.rule == "topk" and self.top_k == 1))
+
+
+def default_prior_weight(model: ImageTransformerSR) -> float:
+    """The guidance weight the apps start from: DEFAULT_PRIOR_WEIGHT where the model has the
+    learned input prior, else 1 (the only weight such a model takes)."""
+    return DEFAULT_PRIOR_WEIGHT if model.lr_prior is not None else 1.0
+
+
+MODES = ("greedy", "exact", "approx", "sample")
+# the cell guard's tolerance the apps (upscale, the demo, Upscaler) decode greedy, exact and
+# approximate mode with unless told otherwise: measured on 1,024 held-out faces
+# (experiments/cell-guard/)
+DEFAULT_GUARD = 32.0
+
+
+def default_guard(mode: str) -> float:
+    """The apps' cell guard for a mode (MODES): DEFAULT_GUARD where it was measured (greedy,
+    exact, approx); sampling draws from the model's own distribution (0)."""
+    return 0.0 if mode == "sample" else DEFAULT_GUARD
+# the prior weight the apps (upscale, demo) decode with unless told otherwise: measured on 96
+# held-out faces (experiments/input-guidance/)
+DEFAULT_PRIOR_WEIGHT = 2.0
+# the block size each mode of the apps decodes with unless told otherwise. On the native engine
+# (2 threads) a 2-token call costs 1.2x a 1-token one and a 7-token call 2.0-3.0x, so exact mode is
+# fastest at k=2 (sr-blockwise bench-decode, batch 1 / 16 / 64: 1.04x / 1.31x / 1.29x greedy
+# against 1.01x / 1.27x / 1.08x at k=4 and 0.86x / 1.09x / 0.85x at k=6; the batch command's own
+# timing, one run, has k=4 level with k=2 at batch 16 and 32: experiments/batch-speed/); approximate mode, with
+# its window proposals, at k=4 (1.38-1.42x / 1.77-1.84x greedy at batch 1 / 16 against
+# 1.22-1.24x / 1.42-1.60x at k=2: experiments/window-proposals/), and so is speculative sampling (batch 8:
+# 1.56-1.85x plain sampling against 1.29-1.51x at k=2 and 1.33-1.65x at k=6: experiments/speculative-sampling/)
+DEFAULT_K = {"greedy": 1, "exact": 2, "approx": 4, "sample": 4}
+
+
+def options_for(mode: str, k: int | None = None, eps: int = 2, temperature: float = 1.0, seed: int = 0,
+                prior_weight: float | None = None, guard: float | None = None) -> DecodeOptions:
+    """The user-facing modes (upscale's --mode and its flags, the demo, Upscaler.options), as
+    decode-mode specs: greedy (k=1), exact (exact:k=K, identical to greedy), approx
+    (eps-window=E:k=K: a token within E levels of greedy's choice is kept, the heads proposing the
+    centre of their most probable window, which gave longer blocks and a closer PSNR than their
+    argmax: experiments/window-proposals/), sample (sample:k=K:T=T:seed=S; k > 1 by speculative
+    sampling, with plain sampling's distribution); all at the given input-prior weight (w=G;
+    None: DecodeOptions' default, 1) and cell guard (guard=L; None: DecodeOptions' default, 0,
+    off). k None: the mode's DEFAULT_K."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    k = DEFAULT_K[mode] if k is None else k
+    spec = {"greedy": "greedy", "exact": f"exact:k={k}", "approx": f"eps-window={eps}:k={k}",
+            "sample": f"sample:k={k}:T={temperature}:seed={seed}"}[mode]
+    return DecodeOptions.parse(spec, prior_weight=prior_weight, guard=guard)
