@@ -12,10 +12,21 @@ from sr_blockwise.heads import draft_heads, draft_tree
 from sr_blockwise.model import SEQ_LEN
 
 
+def agreeable_tiny(dtype=torch.bfloat16):
+    """A tiny model whose heads often agree with p1, one or two ranks down as often (a random
+    model's almost never do): every intensity's input prior falls off with its distance from the
+    input's, and the heads have no neighbour prior; so trees accept paths of every length."""
+    m = make_tiny(3)
+    with torch.no_grad():
+        m.lr_prior.copy_(-0.3 * torch.arange(-255, 256).abs().float().expand(3, -1))
+        m.heads.nbr_prior.zero_()
+    return m.for_inference(dtype)
+
+
 @pytest.fixture(scope="module")
 def tiny_bf16():
-    m = make_tiny(3).for_inference(torch.bfloat16)
-    lr = np.random.default_rng(3).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
+    m = agreeable_tiny()
+    lr = np.random.default_rng(3).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
     return m, lr, greedy(m, lr, engine="torch")
 
 
@@ -44,8 +55,9 @@ def test_a_trees_tensors_say_who_is_whose_ancestor():
     assert T["path_at"][4].tolist() == [0, 2, 4] and T["path_at"][1].tolist() == [0, 1, 1]
 
 
-def test_a_tree_of_rank_zero_nodes_proposes_the_heads_block(tiny_bf16):
-    m, lr, _ = tiny_bf16
+def test_a_tree_of_rank_zero_nodes_proposes_the_heads_block():
+    m = make_tiny(3).for_inference(torch.bfloat16)  # random neighbour priors: paths matter
+    lr = np.random.default_rng(3).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
     src = torch.from_numpy(to_tokens(lr))
     cache = m.new_cache(src)
     h = m.step(cache, torch.full((3, 1), -1), torch.zeros(3, dtype=torch.long))[:, 0]
@@ -69,36 +81,41 @@ def test_each_nodes_state_is_its_paths_chain_state(tiny_bf16):
     m, lr, g = tiny_bf16
     src = torch.from_numpy(to_tokens(lr))
     y = torch.from_numpy(to_tokens(g.images))
+    B = len(lr)
     tree = build_tree([[0.5, 0.3, 0.2]] * 4, 20, 4)
     T = tree.tensors("cpu")
     for t in (0, 126, 1000):  # from the start, across a block boundary, mid-image
         cache = m.new_cache(src)
-        prev = torch.cat([torch.full((3, 1), -1), y[:, :-1]], 1)
+        prev = torch.cat([torch.full((B, 1), -1), y[:, :-1]], 1)
         for s in range(0, t + 1, 16):  # the confirmed prefix's keys, positions 0..t
-            m.step(cache, prev[:, s:min(s + 16, t + 1)], torch.full((3,), s))
-        nodes = torch.randint(0, 256, (3, tree.size))
+            m.step(cache, prev[:, s:min(s + 16, t + 1)], torch.full((B,), s))
+        nodes = torch.randint(0, 256, (B, tree.size))
         nodes[:, 0] = y[:, t]
-        h, _ = m.step_tree(cache, nodes, torch.full((3,), t + 1), T["depth"], T["ancestors"])
+        h, _ = m.step_tree(cache, nodes, torch.full((B,), t + 1), T["depth"], T["ancestors"])
         for i in (1, 5, tree.size - 1):
             path = nodes[:, T["path_at"][i][:int(T["depth"][i]) + 1]]
-            chain = m.step(cache, path, torch.full((3,), t + 1))[:, -1]
+            chain = m.step(cache, path, torch.full((B,), t + 1))[:, -1]
             torch.testing.assert_close(h[:, i], chain, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("spec", ["exact:k=4:tree=8", "exact:k=10:tree=64", "exact:k=6:tree=24:guard=8",
-                                  "eps=0:k=6:tree=16"])
-def test_exact_trees_decode_greedys_output_in_any_batch(tiny_bf16, spec):
+def test_exact_trees_decode_greedys_output_in_any_batch(tiny_bf16):
     m, lr, g = tiny_bf16
-    opts = DecodeOptions.parse(spec)
-    want = g if not opts.guard else decode(m, lr, DecodeOptions(guard=opts.guard), engine="torch")
+    opts = DecodeOptions.parse("exact:k=10:tree=64")
     r = decode(m, lr, opts)
-    np.testing.assert_array_equal(r.images, want.images)
-    assert r.extra == {"engine": "torch", "tree": opts.tree}
-    alone = decode(m, lr[2:], opts)
-    np.testing.assert_array_equal(alone.images[0], want.images[2])
+    np.testing.assert_array_equal(r.images, g.images)
+    assert r.extra == {"engine": "torch", "tree": 64}
+    np.testing.assert_array_equal(decode(m, lr[1:], opts).images[0], g.images[1])
     for s in r.stats:
         assert sum((n + 1) * c for n, c in enumerate(s.block_hist)) == SEQ_LEN
         assert s.calls - sum(s.block_hist) in (0, 1)
+        assert sum(c > 0 for c in s.block_hist) >= 3  # paths of several lengths were accepted
+
+
+def test_guarded_exact_trees_decode_guarded_greedys_output(tiny_bf16):
+    m, lr, _ = tiny_bf16
+    want = decode(m, lr[:1], DecodeOptions(guard=2), engine="torch")
+    np.testing.assert_array_equal(decode(m, lr[:1], DecodeOptions.parse("exact:k=6:tree=24:guard=2")).images,
+                                  want.images)
 
 
 def test_an_oracle_tree_accepts_its_deepest_path_every_call(tiny_bf16):
@@ -111,15 +128,14 @@ def test_an_oracle_tree_accepts_its_deepest_path_every_call(tiny_bf16):
 def test_approximate_trees_keep_each_token_within_eps_of_p1s_choice(tiny_bf16):
     """Every token an eps tree keeps is within eps of p1's argmax given the tokens before it:
     check by a teacher-forced pass over the output."""
-    m = make_tiny(3).for_inference(torch.float64)  # the full forward's argmax is the cached one's
+    m = agreeable_tiny(torch.float64)  # the full forward's argmax is the cached one's
     lr = tiny_bf16[1]
-    r = decode(m, lr, DecodeOptions.parse("eps=40:k=6:tree=32"))
-    assert max(s.mean_block for s in r.stats) > 1.05  # the rule accepted something
+    r = decode(m, lr, DecodeOptions.parse("eps=3:k=6:tree=32"))
     y = torch.from_numpy(to_tokens(r.images))
     src = torch.from_numpy(to_tokens(lr))
     h = m(src, y)
     p1 = m.logits(h, src).argmax(-1)
-    assert ((p1 - y).abs() <= 40).all()
+    assert ((p1 - y).abs() <= 3).all() and (p1 != y).any()
 
 
 def test_trees_are_refused_where_they_do_not_apply(tiny_bf16):
