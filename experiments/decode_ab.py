@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from sr_blockwise import bench, engine
+from sr_blockwise import bench
+from sr_blockwise.decoding import engine
 from sr_blockwise.data import downsample_8, load_faces
 from sr_blockwise.decoding import decode
 

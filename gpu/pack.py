@@ -118,8 +118,17 @@ def main(argv=None) -> int:
     b = sub.add_parser("unpack", help="mosaics -> .npz (images, celeba_id, split)")
     b.add_argument("src", type=Path)
     b.add_argument("out", type=Path)
+    c = sub.add_parser("test-faces", help="the first N held-out test faces -> .npz, for decoding there "
+                                           "(gpu/bench_decode.py; no weights are trained on them)")
+    c.add_argument("out", type=Path)
+    c.add_argument("--data", type=Path, default=None, help="default: ../shared/data/celeba32.npz")
+    c.add_argument("--n", type=int, default=256)
     args = p.parse_args(argv)
-    if args.cmd == "pack":
+    if args.cmd == "test-faces":
+        faces = load_faces(args.data, part="test")
+        save_faces(faces.subset(np.arange(len(faces)) < args.n), args.out)
+        print(f"wrote {min(args.n, len(faces))} held-out test faces to {args.out}")
+    elif args.cmd == "pack":
         budget = args.max_mb if args.max_mb is not None else auto_budget_mb(Path(__file__).resolve().parent.parent)
         m = pack(args.out, args.data, budget, args.n_val, args.seed)
         print(f"packed {m['n']} faces ({m['n_val']} validation, {m['n'] - m['n_val']} of "

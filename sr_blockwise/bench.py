@@ -200,11 +200,11 @@ def print_table(rows: list[dict], cols: list[str]) -> str:
 
 def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | None, ks, data=None,
         prior_weight: float | None = None, dtype: str = "float32", batches=(1, 16, 64),
-        torch_images: int = 1) -> dict:
+        torch_images: int = 1, trees=()) -> dict:
     """The whole benchmark: call cost (native engine at batch 1/16/64, torch at 1/16), the
     breakdown of a call at each k of ks, seconds per face at each batch size in `batches` (n_images faces,
     at least one batch each), the torch engine's seconds per face on torch_images faces at batch
-    1 (0: skip), images/s at the largest batch and its share of the fp32 and bf16 matrix-product rates.
+    1 (0: skip; with `trees`, exact and eps=2 trees of those sizes at the largest k too), images/s at the largest batch and its share of the fp32 and bf16 matrix-product rates.
     prior_weight None: the apps' default (decoding.DEFAULT_PRIOR_WEIGHT) where the model has the
     input prior, else 1. dtype: of the weights (the native engine computes in float32)."""
     from .checkpoints import load_model
@@ -262,10 +262,14 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         per = [decode_table(model, lr[i:i + 1], (6,), ("exact", "eps=2", "oracle"), prior_weight, "torch")
                for i in range(torch_images)]
         merged = _average(per)
+        if trees:  # on a CPU trees run on the torch engine (decoding/tree.py)
+            modes = tuple(f"{m}:tree={n}" for n in trees for m in ("exact", "eps=2"))
+            merged += _average([decode_table(model, lr[i:i + 1], (max(ks),), modes, prior_weight, "torch")[1:]
+                                for i in range(torch_images)])
         for r in merged:
             r["batch"] = 1
         md.append(print_table(merged, ["engine", "mode", "k", "s_per_image", "calls", "mean_block", "speedup",
-                                       "of_ideal"]))
+                                       "of_ideal", "same_as_greedy"]))
         decode_rows += merged
     big = [r for r in decode_rows if r["batch"] == max(batches) and r["mode"] == "greedy" and r["engine"] == "native"][0]
     # the engine's products run in float32, or on AMX tiles in bf16 where the processor has them

@@ -289,18 +289,20 @@ def _draft(model, h, k, src, pos, tokens, choose, prior_weight, first=None):
 
 
 def draft_tree(model: ImageTransformerSR, h: torch.Tensor, src: torch.Tensor, pos: torch.Tensor,
-               tokens: torch.Tensor, parent: torch.Tensor, depth: torch.Tensor, rank: torch.Tensor,
-               first: torch.Tensor, prior_weight: float = 1.0, score=None) -> torch.Tensor:
+               tokens: torch.Tensor, levels, first: torch.Tensor, prior_weight: float = 1.0,
+               score=None) -> torch.Tensor:
     """A tree's node tokens (b, N) from decoder states h (b, d) that predict positions pos (b,),
     given the decoded intensities tokens (b, S) (read before pos only). Node 0, the root, is
-    `first` (b,); node i at depth d >= 1 is the rank[i]-th best value of head d+1 given the
-    tokens on its path (parent[i]'s; with nbr_draft the prior reads the path as `draft_heads`
-    reads a block's proposals, so a chain of rank-0 nodes is draft_heads' block). Nodes come by
-    depth, parents first. score(logits (b, m, 256)) -> what candidates are ranked by (default
-    the logits)."""
-    D = int(depth.max())
+    `first` (b,); levels[d - 1] = (nodes, their parents, their ranks, the largest rank + 1) says
+    which nodes are at depth d (parents first): node i there is the rank[i]-th best value of head
+    d+1 given the tokens on its path (with nbr_draft the prior reads the path as `draft_heads`
+    reads a block's proposals, so a chain of rank-0 nodes is draft_heads' block). Shapes depend on
+    the tree only, never on the values: no host synchronisation. score(logits (b, m, 256)) ->
+    what candidates are ranked by (default the logits)."""
+    D = len(levels)
+    N = 1 + sum(len(nodes) for nodes, *_ in levels)
     z, _ = _heads_before_nbr(model, h, D + 1, src, pos, prior_weight)  # (b, D+1, 256)
-    b, N = h.shape[0], len(parent)
+    b = h.shape[0]
     tok = first.new_zeros(b, N)
     tok[:, 0] = first
     path = first.new_zeros(b, N, D + 1)  # the tokens on each node's path, by depth
@@ -313,19 +315,17 @@ def draft_tree(model: ImageTransformerSR, h: torch.Tensor, src: torch.Tensor, po
         fixed = heads.draft_prior_fixed(lambda p: intensities_at(tokens, p), u[:, None], j)  # (b, 1, D, ...)
     elif cfg.nbr_prior:
         nbr_all = heads.neighbour_prior(tokens, u, j)  # every reference decoded: (b, D, 256)
-    for d in range(1, D + 1):
-        nodes = (depth == d).nonzero()[:, 0]
-        par = parent[nodes]
-        zd = z[:, d, None].expand(b, len(nodes), -1)
+    for d, (nodes, par, rank, width) in enumerate(levels, start=1):
+        m = len(nodes)
+        zd = z[:, d, None].expand(b, m, -1)
         if cfg.nbr_draft:
-            left = path[:, par, d - 3] if d >= 3 else left_dec[:, d - 1, None].expand(b, len(nodes))
-            back4 = path[:, par, d - 4] if d >= 4 else back4_dec[:, d - 1, None].expand(b, len(nodes))
+            left = path[:, par, d - 3] if d >= 3 else left_dec[:, d - 1, None].expand(b, m)
+            back4 = path[:, par, d - 4] if d >= 4 else back4_dec[:, d - 1, None].expand(b, m)
             zd = zd + heads.draft_prior(fixed, d - 1, path[:, par, d - 1], left, back4).to(z.dtype)
         elif cfg.nbr_prior:
             zd = zd + nbr_all[:, d - 1, None].to(z.dtype)
-        s = zd if score is None else score(zd)
-        cand = s.topk(int(rank[nodes].max()) + 1, dim=-1).indices  # (b, m, R)
-        tok[:, nodes] = cand.gather(-1, rank[nodes][None, :, None].expand(b, -1, 1))[..., 0]
+        cand = (zd if score is None else score(zd)).topk(width, dim=-1).indices  # (b, m, width)
+        tok[:, nodes] = cand.gather(-1, rank[None, :, None].expand(b, -1, 1))[..., 0]
         path[:, nodes] = path[:, par]
         path[:, nodes, d] = tok[:, nodes]
     return tok

@@ -540,9 +540,18 @@ class KVCache:
         self.k = [torch.zeros(B, H, size, cfg.d_model // H, dtype=dtype, device=src.device)
                   for _ in model.decoder]
         self.v = [torch.zeros_like(t) for t in self.k]
-        enc = model.encode(src)
-        # split into heads and in float64 once, for step's attention64: (B, H, 192, hd)
+        self.enc_k, self.enc_v = self.encoded(model, src)
+
+    @staticmethod
+    def encoded(model: ImageTransformerSR, src: torch.Tensor):
+        """The encoder's cross-attention keys and values per decoder layer, split into heads and
+        in float64 once, for step's attention64: two lists of (B, H, 192, hd)."""
         split = model.decoder[0].cross_attn.split
-        kv = model.cross_kv(enc)
-        self.enc_k = [split(k).double().contiguous() for k, _ in kv]
-        self.enc_v = [split(v).double().contiguous() for _, v in kv]
+        kv = model.cross_kv(model.encode(src))
+        return [split(k).double().contiguous() for k, _ in kv], [split(v).double().contiguous() for _, v in kv]
+
+    def load(self, model: ImageTransformerSR, src: torch.Tensor) -> None:
+        """Take new inputs into the same tensors (a captured CUDA graph reads these addresses)."""
+        self.src.copy_(src)
+        for old, new in zip(self.enc_k + self.enc_v, sum(self.encoded(model, src), [])):
+            old.copy_(new)

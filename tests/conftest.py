@@ -15,6 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 from sr_blockwise.checkpoints import save_weights
 from sr_blockwise.data import DEFAULT_DATA
+from sr_blockwise.decoding import greedy
 from sr_blockwise.model import ImageTransformerSR, preset
 
 
@@ -59,3 +60,22 @@ def two_faces():
     photo.paste(a, (0, 0))
     photo.paste(a.resize((320, 320), Image.Resampling.BOX), (512, 96))
     return photo
+
+
+def agreeable_tiny(dtype=torch.bfloat16):
+    """A tiny model whose heads often agree with p1, one or two ranks down as often (a random
+    model's almost never do): every intensity's input prior falls off with its distance from the
+    input's, and the heads have no neighbour prior; so trees accept paths of every length."""
+    m = make_tiny(3)
+    with torch.no_grad():
+        m.lr_prior.copy_(-0.3 * torch.arange(-255, 256).abs().float().expand(3, -1))
+        m.heads.nbr_prior.zero_()
+    return m.for_inference(dtype)
+
+
+@pytest.fixture(scope="session")
+def agreeable():
+    """agreeable_tiny in bf16, two random inputs, and their greedy decode on the torch engine."""
+    m = agreeable_tiny()
+    lr = np.random.default_rng(3).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    return m, lr, greedy(m, lr, engine="torch")

@@ -132,3 +132,25 @@ def test_gpu_script_dry_run_on_cpu(small_npz, tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "w" / "gpu-ft.json").read_text())["meta"]["test_images_scored"] == 4
+
+
+def test_the_gpu_decode_benchmark_runs_end_to_end_here(tiny_weights, celeba_npz, tmp_path):
+    """gpu/bench_decode.py on this CPU with small settings: both tables, the JSON, exact == greedy."""
+    faces = tmp_path / "test-faces.npz"
+    r = pack("test-faces", faces, "--data", celeba_npz, "--n", 2)
+    assert r.returncode == 0, r.stderr
+    kept = load_faces(faces)
+    assert len(kept) == 2 and part_mask("test", kept.ids, kept.split).all()
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "gpu" / "bench_decode.py"), "--weights", tiny_weights, "--device",
+                        "cpu", "--data", str(faces), "--faces", "1", "--batches", "1,2", "--sizes", "1,4",
+                        "--decode-batches", "1", "--modes", "greedy,exact:k=4:tree=4", "--reps", "2", "--engine", "static",
+                        "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "bench_decode.json").read_text())
+    assert [(c["batch"], c["candidates"]) for c in res["call_cost"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert all(c["ms_per_call"] > 0 and not c["graph"] for c in res["call_cost"])
+    assert [(d["mode"], d["engine"], d["same_as_greedy"]) for d in res["decode"]] == \
+        [("greedy", "static", True), ("exact:k=4:tree=4", "static", True)]
+    assert res["data"] == "held-out faces" and "ms_per_call" in r.stdout

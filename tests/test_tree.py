@@ -4,30 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_tiny
+from conftest import agreeable_tiny, make_tiny
 from sr_blockwise.data import to_tokens
-from sr_blockwise.decoding import DecodeOptions, decode, greedy
+from sr_blockwise.decoding import DecodeOptions, decode
 from sr_blockwise.decoding.tree import Tree, build_tree, expected_tokens, rank_accuracy, tree_for
 from sr_blockwise.heads import draft_heads, draft_tree
 from sr_blockwise.model import SEQ_LEN
-
-
-def agreeable_tiny(dtype=torch.bfloat16):
-    """A tiny model whose heads often agree with p1, one or two ranks down as often (a random
-    model's almost never do): every intensity's input prior falls off with its distance from the
-    input's, and the heads have no neighbour prior; so trees accept paths of every length."""
-    m = make_tiny(3)
-    with torch.no_grad():
-        m.lr_prior.copy_(-0.3 * torch.arange(-255, 256).abs().float().expand(3, -1))
-        m.heads.nbr_prior.zero_()
-    return m.for_inference(dtype)
-
-
-@pytest.fixture(scope="module")
-def tiny_bf16():
-    m = agreeable_tiny()
-    lr = np.random.default_rng(3).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
-    return m, lr, greedy(m, lr, engine="torch")
 
 
 def test_a_tree_holds_the_likeliest_paths_and_every_parent():
@@ -51,6 +33,8 @@ def test_a_trees_tensors_say_who_is_whose_ancestor():
     tree = Tree(((), (0,), (1,), (0, 0), (1, 0)))
     T = tree.tensors("cpu")
     assert T["parent"].tolist() == [0, 0, 0, 1, 2] and T["depth"].tolist() == [0, 1, 1, 2, 2]
+    assert [(n.tolist(), p.tolist(), r.tolist(), w) for n, p, r, w in T["levels"]] == \
+        [([1, 2], [0, 0], [0, 1], 2), ([3, 4], [1, 2], [0, 0], 1)]
     assert T["ancestors"][4].tolist() == [True, False, True, False, True]
     assert T["path_at"][4].tolist() == [0, 2, 4] and T["path_at"][1].tolist() == [0, 1, 1]
 
@@ -64,21 +48,20 @@ def test_a_tree_of_rank_zero_nodes_proposes_the_heads_block():
     tokens = torch.randint(0, 256, (3, SEQ_LEN))
     pos = torch.tensor([0, 100, 200])
     block = draft_heads(m, h, 6, src, pos, tokens)
-    T = Tree(tuple((0,) * d for d in range(6))).tensors("cpu")
-    chain = draft_tree(m, h, src, pos, tokens, T["parent"], T["depth"], T["rank"], block[:, 0])
+    chain = draft_tree(m, h, src, pos, tokens, Tree.chain(6).tensors("cpu")["levels"], block[:, 0])
     torch.testing.assert_close(chain, block, rtol=0, atol=0)
     wide = build_tree([[0.5, 0.4, 0.3]] * 5, 40, 5).tensors("cpu")
-    nodes = draft_tree(m, h, src, pos, tokens, wide["parent"], wide["depth"], wide["rank"], block[:, 0])
+    nodes = draft_tree(m, h, src, pos, tokens, wide["levels"], block[:, 0])
     for d in range(1, 6):  # siblings are distinct values
         for p in set(wide["parent"][wide["depth"] == d].tolist()):
             kids = nodes[:, (wide["parent"] == p) & (wide["depth"] == d)]
             assert all(len(set(row.tolist())) == kids.shape[1] for row in kids)
 
 
-def test_each_nodes_state_is_its_paths_chain_state(tiny_bf16):
+def test_each_nodes_state_is_its_paths_chain_state(agreeable):
     """One call over a tree gives every node the state `step` gives its path fed as a chain,
     bit for bit in bf16: what keeps exact trees exact."""
-    m, lr, g = tiny_bf16
+    m, lr, g = agreeable
     src = torch.from_numpy(to_tokens(lr))
     y = torch.from_numpy(to_tokens(g.images))
     B = len(lr)
@@ -98,8 +81,8 @@ def test_each_nodes_state_is_its_paths_chain_state(tiny_bf16):
             torch.testing.assert_close(h[:, i], chain, rtol=0, atol=0)
 
 
-def test_exact_trees_decode_greedys_output_in_any_batch(tiny_bf16):
-    m, lr, g = tiny_bf16
+def test_exact_trees_decode_greedys_output_in_any_batch(agreeable):
+    m, lr, g = agreeable
     opts = DecodeOptions.parse("exact:k=10:tree=64")
     r = decode(m, lr, opts)
     np.testing.assert_array_equal(r.images, g.images)
@@ -111,25 +94,25 @@ def test_exact_trees_decode_greedys_output_in_any_batch(tiny_bf16):
         assert sum(c > 0 for c in s.block_hist) >= 3  # paths of several lengths were accepted
 
 
-def test_guarded_exact_trees_decode_guarded_greedys_output(tiny_bf16):
-    m, lr, _ = tiny_bf16
+def test_guarded_exact_trees_decode_guarded_greedys_output(agreeable):
+    m, lr, _ = agreeable
     want = decode(m, lr[:1], DecodeOptions(guard=2), engine="torch")
     np.testing.assert_array_equal(decode(m, lr[:1], DecodeOptions.parse("exact:k=6:tree=24:guard=2")).images,
                                   want.images)
 
 
-def test_an_oracle_tree_accepts_its_deepest_path_every_call(tiny_bf16):
-    m, lr, _ = tiny_bf16
+def test_an_oracle_tree_accepts_its_deepest_path_every_call(agreeable):
+    m, lr, _ = agreeable
     r = decode(m, lr[:1], DecodeOptions.parse("oracle:k=5:tree=12"))
     depth = tree_for(m, DecodeOptions.parse("oracle:k=5:tree=12")).depth
     assert r.stats[0].block_hist[depth] == SEQ_LEN // (depth + 1)
 
 
-def test_approximate_trees_keep_each_token_within_eps_of_p1s_choice(tiny_bf16):
+def test_approximate_trees_keep_each_token_within_eps_of_p1s_choice(agreeable):
     """Every token an eps tree keeps is within eps of p1's argmax given the tokens before it:
     check by a teacher-forced pass over the output."""
     m = agreeable_tiny(torch.float64)  # the full forward's argmax is the cached one's
-    lr = tiny_bf16[1]
+    lr = agreeable[1]
     r = decode(m, lr, DecodeOptions.parse("eps=3:k=6:tree=32"))
     y = torch.from_numpy(to_tokens(r.images))
     src = torch.from_numpy(to_tokens(lr))
@@ -138,20 +121,20 @@ def test_approximate_trees_keep_each_token_within_eps_of_p1s_choice(tiny_bf16):
     assert ((p1 - y).abs() <= 3).all() and (p1 != y).any()
 
 
-def test_trees_are_refused_where_they_do_not_apply(tiny_bf16):
-    m, lr, _ = tiny_bf16
+def test_trees_are_refused_where_they_do_not_apply(agreeable):
+    m, lr, _ = agreeable
     for spec, msg in [("exact:k=4:tree=1", "2..1024"), ("exact:k=1:tree=8", "k >= 2"),
                       ("sample:k=4:T=1:tree=8", "speculative sampling"), ("exact:k=4:tree=8:min-block=2", "min-block")]:
         with pytest.raises(ValueError, match=msg):
             DecodeOptions.parse(spec)
-    with pytest.raises(ValueError, match="torch engine"):
+    with pytest.raises(ValueError, match="torch and static engines"):
         decode(m, lr, DecodeOptions.parse("exact:k=4:tree=8"), engine="native")
     assert DecodeOptions.parse("exact-heads:k=4:tree=8") == DecodeOptions.parse("exact:k=4:tree=8")
     assert DecodeOptions.parse("exact:tree=8:k=4").spec == "exact:k=4:tree=8"
 
 
-def test_rank_accuracy_counts_the_best_ranked_passing_candidate(tiny_bf16):
-    m, lr, g = tiny_bf16
+def test_rank_accuracy_counts_the_best_ranked_passing_candidate(agreeable):
+    m, lr, g = agreeable
     exact = rank_accuracy(m, lr, g.images, DecodeOptions.parse("exact:k=4"), ranks=256)
     assert len(exact) == m.cfg.n_blockwise - 1 and all(sum(row) == pytest.approx(1) for row in exact)
     loose = rank_accuracy(m, lr, g.images, DecodeOptions.parse("eps=255:k=4"), ranks=4)

@@ -19,7 +19,8 @@ import torch
 from sr_blockwise.bench import time_call
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import downsample_8, load_faces
-from sr_blockwise.decoding import _agreement_native, decode, options_for
+from sr_blockwise.decoding import decode, options_for
+from sr_blockwise.decoding.replay import _agreement_native
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--faces", type=int, default=16)

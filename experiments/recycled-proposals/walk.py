@@ -12,7 +12,8 @@ import argparse
 import numpy as np
 import torch
 
-from sr_blockwise import checkpoints, engine
+from sr_blockwise import checkpoints
+from sr_blockwise.decoding import engine
 from sr_blockwise.data import downsample_8, load_faces
 from sr_blockwise.decoding import DEFAULT_PRIOR_WEIGHT
 from sr_blockwise.model import SEQ_LEN as S

@@ -15,8 +15,9 @@ def cmd_bench(a):
         torch.set_num_threads(a.threads)
     ks = [int(k) for k in a.k.split(",")]
     batches = [int(b) for b in a.batch_size.split(",")]
+    trees = [int(n) for n in a.trees.split(",")] if a.trees else []
     run(a.weights, a.images, batches[0], a.reps, a.json, ks, a.data, a.prior_weight, a.dtype, batches,
-        a.torch_images)
+        a.torch_images, trees)
     return 0
 
 
@@ -43,6 +44,8 @@ def register(sub):
                                                  "broken down by stage")
     p.add_argument("--torch-images", type=int, default=1,
                    help="faces the torch engine decodes at batch 1 for comparison (0: skip; ~10 s each per mode)")
+    p.add_argument("--trees", default="", help="tree sizes (e.g. 64,256): exact and eps=2 trees at the largest "
+                                               "--k on the torch engine's faces (--torch-images)")
     p.add_argument("--data", default=None, help="faces to decode (default: the held-out CelebA faces, or random inputs where there are none)")
     p.add_argument("--json", default="results/bench_decode.json", help="results as JSON, and the tables beside it as .md")
     p.add_argument("--prior-weight", type=float, default=None,

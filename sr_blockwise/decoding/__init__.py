@@ -24,7 +24,8 @@ The package, one idea a module:
   sampling's rule;
 - torch_engine.py: decode as named stages (`_start`, then per call `_verify`, `commit`,
   `_propose`) on PyTorch; engine.py + engine.cpp: the native engine, the same stages in one
-  native call per step; tree.py: tree-shaped proposals and their verification;
+  native call per step; static.py: a fixed-shape step for accelerators (CUDA graphs); tree.py:
+  tree-shaped proposals and their verification;
 - replay.py: exact-heads block sizes replayed over greedy outputs, without decoding.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .results import DecodeResult, DecodeStats, pooled_block_hist  # noqa: F401
 from .rules import ACCEPT, accepted_length, window_centre  # noqa: F401
 from .sampling import residual_logits, sampling_noise, speculative_accepted_length  # noqa: F401
 from .torch_engine import decode_torch, greedy_uncached  # noqa: F401
+from .static import decode_static
 from .tree import decode_tree
 from .engine import ENGINES, engine_for, not_native  # noqa: F401
 
@@ -64,12 +66,14 @@ def decode(model: ImageTransformerSR, lr, opts: DecodeOptions | None = None, pro
         raise ValueError(f"got {len(seeds)} seeds for {len(lr)} images")
     if progress is not None and (not isinstance(progress_every, int) or progress_every < 1):
         raise ValueError(f"progress_every must be an integer >= 1, got {progress_every!r}")
+    which = engine_for(model, opts, engine)
+    if (opts.tree or which == "static") and proposer is not None:
+        raise ValueError("trees and the static engine propose with the heads: not with a proposer")
+    if which == "static":
+        return decode_static(model, lr, opts, progress, progress_every)
     if opts.tree:
-        if proposer is not None or seeds is not None:
-            raise ValueError("a tree's candidates are the heads' and it draws nothing: no proposer or seeds")
-        engine_for(model, opts, engine)
         return decode_tree(model, lr, opts, progress, progress_every)
-    if engine_for(model, opts, engine) == "native":
+    if which == "native":
         return native.decode_native(model, lr, opts, progress, progress_every, proposer, seeds)
     return decode_torch(model, lr, opts, progress, progress_every, proposer, seeds)
 

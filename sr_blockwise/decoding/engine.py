@@ -438,8 +438,7 @@ class Batch:
 
 # ---------------------------------------------------------------- which engine decodes
 
-ENGINES = ("auto", "native", "torch")
-
+ENGINES = ("auto", "native", "torch", "static")
 
 
 def not_native(model: ImageTransformerSR) -> str | None:
@@ -454,16 +453,22 @@ def not_native(model: ImageTransformerSR) -> str | None:
 
 
 def engine_for(model: ImageTransformerSR, opts, engine: str = "auto") -> str:
-    """Which engine decodes: "native" (engine.cpp: a whole blockwise step of a
-    batch in one call, float32 arithmetic) wherever it can, else "torch" (the PyTorch step:
-    head1='layer' models, GPUs, machines without a C++ compiler)."""
+    """Which engine decodes: on a CPU "native" (engine.cpp: a whole blockwise step of a batch in
+    one call, float32 arithmetic) wherever it can; on a GPU "static" (static.py: fixed shapes,
+    CUDA graphs) wherever it can; else "torch" (the PyTorch step: head1='layer' models, trees on
+    a CPU, sampling on a GPU, machines without a C++ compiler)."""
+    from .static import static_problem
+
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {ENGINES}")
-    if opts.tree:  # on a CPU a call's cost grows with its candidates: a tree does not pay here
-        if engine == "native":
-            raise ValueError("tree verification runs on the torch engine")
-        return "torch"
-    why = not_native(model)
+    if engine == "static":
+        if static_problem(opts):
+            raise ValueError(static_problem(opts))
+        return "static"
+    if engine == "auto" and next(model.parameters()).device.type == "cuda" and not static_problem(opts):
+        return "static"
+    # on a CPU a call's cost grows with its candidates: trees do not pay in the native engine
+    why = "tree verification runs on the torch and static engines" if opts.tree else not_native(model)
     if engine == "native" and why:
         raise ValueError(why)
     return "torch" if (engine == "torch" or why) else "native"

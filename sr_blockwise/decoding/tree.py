@@ -57,9 +57,16 @@ class Tree:
         return max(len(p) for p in self.paths)
 
     def tensors(self, device) -> dict:
-        """parent, depth, rank (N,), ancestors (N, N) (node j is node i's ancestor or i itself),
-        path_at (N, depth + 1): the node at each depth of a node's path (the node itself past it)."""
+        """parent, depth (N,), ancestors (N, N) (node j is node i's ancestor or i itself), path_at
+        (N, depth + 1): the node at each depth of a node's path (the node itself past it); levels:
+        for each depth from 1, (its nodes, their parents, their ranks, the largest rank + 1), as
+        heads.draft_tree takes them."""
         return _tensors(self.paths, str(device))
+
+    @staticmethod
+    def chain(k: int) -> "Tree":
+        """The chain of k tokens: the sure one and the heads' top choices."""
+        return Tree(tuple((0,) * d for d in range(k)))
 
 
 @lru_cache(maxsize=32)
@@ -75,8 +82,15 @@ def _tensors(paths, device):
             path_at[i, d] = j
             ancestors[i, j] = True
     t = {"parent": torch.tensor(parent), "depth": torch.tensor([len(p) for p in paths]),
-         "rank": torch.tensor([p[-1] if p else 0 for p in paths]), "ancestors": ancestors, "path_at": path_at}
-    return {k: v.to(device) for k, v in t.items()}
+         "ancestors": ancestors, "path_at": path_at}
+    t = {k: v.to(device) for k, v in t.items()}
+    t["levels"] = []
+    for d in range(1, D + 1):
+        nodes = [i for i, p in enumerate(paths) if len(p) == d]
+        ranks = [paths[i][-1] for i in nodes]
+        t["levels"].append((torch.tensor(nodes, device=device), torch.tensor([parent[i] for i in nodes], device=device),
+                            torch.tensor(ranks, device=device), max(ranks) + 1))
+    return t
 
 
 def build_tree(accuracy, size: int, max_depth: int) -> Tree:
@@ -162,8 +176,8 @@ def _grow(model, h, first, s, T, opts) -> torch.Tensor:
     choice), the others the heads' candidates along their paths."""
     rows = s.rows
     window = opts.propose == "window" and opts.eps > 0
-    return draft_tree(model, h, s.src[rows], s.t[rows], s.out[rows], T["parent"], T["depth"], T["rank"],
-                      first, opts.prior_weight, score=(lambda z: window_mass(z, opts.eps)) if window else None)
+    return draft_tree(model, h, s.src[rows], s.t[rows], s.out[rows], T["levels"], first, opts.prior_weight,
+                      score=(lambda z: window_mass(z, opts.eps)) if window else None)
 
 
 def _verify(model, s, T, opts):
@@ -179,29 +193,34 @@ def _verify(model, s, T, opts):
     pos = (tr + 1)[:, None] + T["depth"]
     logits = model.logits(h, s.src[rows], pos, opts.prior_weight)
     if opts.guard:
-        logits = cell_guard(logits, s.src[rows], pos, None, opts.guard, read=_path_reader(s, T, rows, tr))
-    parent = T["parent"][1:]
-    ok = ACCEPT[opts.rule](s.props[:, 1:], logits[:, parent], opts)
-    ok = torch.cat([torch.ones_like(ok[:, :1]), ok], 1)
-    path_ok = ~((~ok)[:, None, :] & T["ancestors"]).any(-1)  # (b, N): every node on the path passes
-    N = ok.shape[1]
-    # the deepest passing node; among equally deep ones the first (the likeliest)
-    best = torch.where(path_ok, T["depth"] * N - torch.arange(N, device=ok.device), -1).argmax(-1)
+        logits = cell_guard(logits, s.src[rows], pos, None, opts.guard, read=path_reader(s.out[rows], s.props, T, tr))
+    best = deepest_passing(s.props, logits, T, opts)
     n = torch.minimum(T["depth"][best] + 1, SEQ_LEN - tr)
     return h, kv, best, n, logits.argmax(-1)
 
 
-def _path_reader(s, T, rows, tr):
-    """For the cell guard: the tokens at positions (b, N, 16) as each node's path has them (the
-    confirmed ones before tr, the path's from tr on)."""
-    out = s.out[rows]
-    b, N = s.props.shape
-    path_tok = s.props.gather(1, T["path_at"].reshape(1, -1).expand(b, -1)).view(b, N, -1)
+def deepest_passing(nodes: torch.Tensor, logits: torch.Tensor, T: dict, opts: DecodeOptions) -> torch.Tensor:
+    """Each image's deepest node (b,) whose whole path passes opts' rule: nodes (b, N) the tree's
+    tokens, logits (b, N, 256) p1's after each node (each child is checked against its parent's);
+    among equally deep ones the first (the likeliest)."""
+    ok = ACCEPT[opts.rule](nodes[:, 1:], logits[:, T["parent"][1:]], opts)
+    root = torch.ones(len(nodes), 1, dtype=torch.bool, device=nodes.device)  # the sure token
+    ok = torch.cat([root, ok], 1)
+    path_ok = ~((~ok)[:, None, :] & T["ancestors"]).any(-1)  # (b, N): every node on the path passes
+    N = ok.shape[1]
+    return torch.where(path_ok, T["depth"] * N - torch.arange(N, device=ok.device), -1).argmax(-1)
+
+
+def path_reader(out: torch.Tensor, nodes: torch.Tensor, T: dict, t: torch.Tensor):
+    """For the cell guard: a function from positions (b, N, 16) to the tokens there as each node's
+    path has them: out's (b, S) before t (b,), the path's from t on."""
+    b, N = nodes.shape
+    path_tok = nodes.gather(1, T["path_at"].reshape(1, -1).expand(b, -1)).view(b, N, -1)
 
     def read(cell):
         confirmed = out.gather(1, cell.reshape(b, -1)).view_as(cell)
-        on_path = path_tok.gather(2, (cell - tr[:, None, None]).clamp(0, path_tok.shape[2] - 1))
-        return torch.where(cell >= tr[:, None, None], on_path, confirmed)
+        on_path = path_tok.gather(2, (cell - t[:, None, None]).clamp(0, path_tok.shape[2] - 1))
+        return torch.where(cell >= t[:, None, None], on_path, confirmed)
     return read
 
 
