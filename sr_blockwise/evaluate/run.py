@@ -15,8 +15,8 @@ import torch
 from tqdm import tqdm
 
 from .. import metrics
-from ..checkpoints import load_model, read_card, read_checkpoint, resolve, sha256_of
-from ..cli.export import portable_path  # results name no folder of the machine that made them
+# portable_path: results name no folder of the machine that made them
+from ..checkpoints import load_model, portable_path, read_card, read_checkpoint, resolve, sha256_of
 from ..data import DEFAULT_DATA, downsample_8, load_faces, to_tokens
 from ..decoding import DecodeOptions, decode, exact_block_stats, greedy_uncached, pooled_block_hist
 from ..model import SEQ_LEN
