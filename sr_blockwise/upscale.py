@@ -753,14 +753,11 @@ def _count(n: int, noun: str) -> str:
 def run(cfg: Config) -> int:
     """The whole command; returns the exit code (0 all done, 1 some failed, 130 interrupted).
     Bad arguments raise ValueError / FileNotFoundError (exit 2 in the CLI)."""
-    import torch
-    from tqdm import tqdm
+    return BatchRun(cfg).run()
 
-    from .api import Upscaler, pick_device
-    from .checkpoints import card_config, default_weights, resolve
-    from .decoding import options_for
-    from .model import SEQ_LEN
 
+def validate(cfg: Config) -> None:
+    """The arguments' own checks, before any file is looked at."""
     if cfg.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
     if cfg.threads < 0:
@@ -792,182 +789,265 @@ def run(cfg: Config) -> int:
     if cfg.prior_weight is not None and not (math.isfinite(cfg.prior_weight) and cfg.prior_weight >= 0):
         raise ValueError(f"--prior-weight {cfg.prior_weight:g}: the input guidance must be a number >= 0 "
                          "(1: the model as trained)")
-    eps = 2 if cfg.eps is None else cfg.eps
-    temperature = 1.0 if cfg.temperature is None else cfg.temperature
-    jobs, ignored, info = plan(cfg)
 
-    def face_output(j: Job, n: int, path: Path) -> Path:
+
+class BatchRun:
+    """One run of the command, in stages: validate, plan, check (or list a dry run), open, then
+    batches decoded and their photos written, then the summary. The stages share the run's
+    attributes: the jobs, the model and options, the summary, the metrics, the progress bar."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.face_files = {}  # output folder -> {(name before _faceN, extension): [N >= 1, ...]}
+        self.photos = {}  # id(job) -> (Photo, results so far): a photo's outputs wait for all its faces
+        self.progress_shown = 0.0  # when the bar last showed the batch's share
+
+    def run(self) -> int:
+        validate(self.cfg)
+        self.plan_work()
+        self.check()
+        if self.cfg.dry_run:
+            return self.list_dry_run()
+        self.open()
+        self.warn_kept_unlike()
+        self.decode_all()
+        return self.summarise()
+
+    def say(self, msg: str) -> None:
+        # a message names paths: their control characters escaped, as everywhere (a message is one line)
+        if not self.cfg.quiet:
+            print(_shown(msg), file=sys.stderr)
+
+    # ------------------------------------------------ plan and checks
+
+    def plan_work(self) -> None:
+        """This shard's jobs, those an earlier run did (--skip-existing), the rest to do; said."""
+        cfg = self.cfg
+        self.jobs, ignored, self.info = plan(cfg)
+        if self.info["total"] == 0:
+            raise ValueError("no images found in " + ", ".join(cfg.inputs)
+                             + (f" ({_count(len(ignored), 'file')} without an image extension ignored)" if ignored else ""))
+        self.mpath = metrics_path(cfg.metrics, self.info["shard"])
+        self.done_before = [j for j in self.jobs if cfg.skip_existing and already_done(j)]
+        self.skip = {id(j) for j in self.done_before}
+        self.todo = [j for j in self.jobs if id(j) not in self.skip]
+        shard_i, shard_n = self.info["shard"]
+        self.say(f"{_count(self.info['total'], 'image')} under {self.info['base']}"
+                 + (f", shard {shard_i}/{shard_n}: {len(self.jobs)}" if shard_n > 1 else "")
+                 + (f", {len(self.done_before)} already done" if self.done_before else "")
+                 + (f"; ignored {_count(len(ignored), 'file')} without an image extension (e.g. {ignored[0]})"
+                    if ignored else "")
+                 + (f"; OUTDIR {cfg.outdir}, inside an input folder, is not searched for inputs"
+                    if self.info["outdir_inside"] else ""))
+        no_gt = [j for j in self.todo if j.gt is None] if cfg.ground_truth else []
+        if no_gt:
+            self.say(f"warning: no ground truth in {cfg.ground_truth} for {len(no_gt)} of {len(self.todo)} inputs "
+                     f"(e.g. {no_gt[0].src}): they get no PSNR / SSIM")
+
+    def check(self) -> None:
+        """Every check that needs no model, before a dry run lists the work: it refuses what the
+        run would."""
+        from .api import pick_device
+        from .checkpoints import card_config, default_weights, resolve
+        from .decoding import options_for
+
+        cfg = self.cfg
+        self.seed = 0 if cfg.seed is None else cfg.seed
+        eps = 2 if cfg.eps is None else cfg.eps
+        temperature = 1.0 if cfg.temperature is None else cfg.temperature
+        options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=self.seed)  # made again with the model
+        if not cfg.dry_run:  # the machine's, not the arguments': a dry run may plan the work elsewhere
+            pick_device(cfg.device)
+        card = resolve(cfg.weights or default_weights())
+        self.check_k(card_config(card)[1].n_blockwise if card.suffix == ".json" else None)  # a .pt's: once it loads
+        # OUTDIR (where there is anything to write) and the metrics file's folder must take files
+        if self.todo:
+            check_writable(Path(cfg.outdir), "OUTDIR")
+        if self.mpath:
+            if Path(self.mpath).is_dir():
+                raise ValueError(f"--metrics {self.mpath} is a folder; name a .csv or .json file")
+            check_writable(Path(self.mpath).parent, "--metrics folder")
+
+    def check_k(self, heads: int | None) -> None:
+        """k beyond the model's heads: a bad argument, before any work."""
+        k = self.cfg.k
+        if k is not None and heads is not None and k > heads:
+            raise ValueError(f"--k {k}: these weights have {heads} blockwise heads, so --k must be in 1..{heads}")
+
+    def list_dry_run(self) -> int:
+        cfg = self.cfg
+        for j in self.jobs:
+            # with --paste-back, the scale each photo would be pasted back at: its faces are found
+            todo = id(j) not in self.skip
+            scale = "\t" + _shown(dry_paste_plan(j.src, cfg.faces, cfg.no_face)) if cfg.paste_back and todo else ""
+            print(f"{'todo' if todo else 'skip'}\t{_shown(j.src)}\t{_shown(j.out)}{scale}")
+        return 0
+
+    # ------------------------------------------------ open
+
+    def open(self) -> None:
+        """What a killed run left removed, the model loaded, the options settled against it, the
+        summary and the metrics begun (with the rows of the outputs kept)."""
+        import torch
+
+        from .api import Upscaler
+        from .decoding import not_native
+
+        cfg = self.cfg
+        # what a killed run left half-written in the folders this one writes to
+        swept = sweep_temp_files(sorted({p.parent for j in self.jobs for p in (j.out, j.compare, j.paste) if p}
+                                        | ({Path(self.mpath).parent} if self.mpath else set())))
+        if swept:
+            self.say(f"removed {_count(swept, 'temporary file')} that a killed run left")
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        t0 = time.perf_counter()
+        self.up = up = Upscaler(cfg.weights, device=cfg.device, dtype=cfg.dtype)
+        self.check_k(up.max_k)  # a training checkpoint's heads are known once it loads
+        # the weights' default guidance where none is given, the mode checked against these weights
+        self.opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=self.seed,
+                               prior_weight=cfg.prior_weight, guard=cfg.guard)
+        why = not_native(up.model)
+        if self.todo and why and up.device == "cpu":  # on a GPU the PyTorch engine is the one meant
+            print(f"warning: decoding on the PyTorch engine, many times slower than the native one: {why}",
+                  file=sys.stderr)
+        self.summary = Summary(total=len(self.jobs), skipped=len(self.done_before),
+                               load_seconds=time.perf_counter() - t0)
+        settings = self.settings()
+        self.metrics = Metrics(self.mpath, settings, cfg.skip_existing, cfg.outdir)
+        self.base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size",
+                                                  "prior_weight", "guard", "match_input")}
+        for j in self.done_before:
+            self.metrics.add({**self.names(j), "status": "skipped"})
+            # with --faces all, the photo's other faces written by the earlier run keep their rows too
+            for f in (self.further_faces(j) if cfg.faces == "all" else []):
+                out = self.face_output(j, f, j.out)
+                self.metrics.add({**self.names(j), "output": str(out),
+                                  "relative": out.relative_to(cfg.outdir).as_posix(), "status": "skipped"})
+
+    def settings(self) -> dict:
+        """The run's settings, as the metrics file records them."""
+        cfg, opts = self.cfg, self.opts
+        shard_i, shard_n = self.info["shard"]
+        return {"weights": str(self.up.weights), "mode": cfg.mode, "k": opts.k,
+                "eps": opts.eps if cfg.mode == "approx" else None,
+                "temperature": opts.temperature or None, "seed": self.seed if opts.temperature else None,
+                "batch_size": cfg.batch_size, "prior_weight": opts.prior_weight, "guard": opts.guard,
+                "match_input": cfg.match_input, "device": self.up.device, "dtype": cfg.dtype,
+                "shard": f"{shard_i}/{shard_n}", "ssim": dict(SSIM_SETTINGS), "psnr": dict(PSNR_SETTINGS)}
+
+    def warn_kept_unlike(self) -> None:
+        """A resumed run whose settings differ would leave its outputs unlike each other: say so,
+        for each setting that outputs kept by --skip-existing were made with otherwise."""
+        m, pw, guard = self.cfg.match_input, self.opts.prior_weight, self.opts.guard
+        # (the setting, its value in an earlier row, its value now, how the kept ones were made,
+        # what the new ones are, what to pass to keep them alike). A CSV row holds "True" /
+        # "False", a JSON row a bool; a row of a run before the setting existed has none (or ""
+        # in a CSV): not matched, decoded at weight 1, without the guard
+        for key, read, now, kept, new, flag in [
+                ("match_input", lambda v: str(v or False), str(m), f"saved {'without' if m else 'with'} --match-input",
+                 f"are {'' if m else 'not '}matched", f"--{'no-' if m else ''}match-input"),
+                ("prior_weight", lambda v: float(v or 1), pw, "decoded with another --prior-weight",
+                 f"use {pw:g}", "the old --prior-weight"),
+                ("guard", lambda v: float(v or 0), guard, "decoded with another --guard",
+                 f"use {guard:g}", "the old --guard")]:
+            rows = [self.metrics.previous.get(self.names(j)["relative"]) for j in self.done_before]
+            unlike = [j for j, r in zip(self.done_before, rows) if r is not None and read(r.get(key)) != now]
+            if unlike:
+                print(f"warning: {len(unlike)} outputs kept by --skip-existing were {kept} "
+                      f"(e.g. {_shown(unlike[0].out)}); the new ones {new}. Rerun those without "
+                      f"--skip-existing, or pass {flag}, to keep them alike", file=sys.stderr)
+
+    # ------------------------------------------------ names
+
+    def names(self, j: Job) -> dict:
+        """A metrics row's paths."""
+        return {"input": str(j.src), "output": str(j.out), "relative": j.out.relative_to(self.cfg.outdir).as_posix()}
+
+    def face_output(self, j: Job, n: int, path: Path) -> Path:
         """Face n's file: with --faces all, STEM_face0 -> STEM_faceN (likewise its _compare)."""
         if n == 0:
             return path
-        head, mark, tail = path.name.rpartition(f"_face0{cfg.suffix}")  # the mark plan() added: the last
-        return path.with_name(f"{head}_face{n}{cfg.suffix}{tail}")
+        head, mark, tail = path.name.rpartition(f"_face0{self.cfg.suffix}")  # the mark plan() added: the last
+        return path.with_name(f"{head}_face{n}{self.cfg.suffix}{tail}")
 
-    face_files = {}  # output folder -> {(name before _faceN, extension): [N >= 1, ...]}
-
-    def further_faces(j: Job) -> list[int]:
+    def further_faces(self, j: Job) -> list[int]:
         """With --faces all, the numbers n >= 1 of the photo's face files in OUTDIR (each folder
         listed once: a resume of a large run asks this of every photo)."""
-        folder = j.out.parent
-        if folder not in face_files:
-            pattern = re.compile(r"(.*)_face([1-9][0-9]*)" + re.escape(cfg.suffix) + r"(\.[^.]*)")
-            index = face_files[folder] = {}
+        suffix, folder = self.cfg.suffix, j.out.parent
+        if folder not in self.face_files:
+            pattern = re.compile(r"(.*)_face([1-9][0-9]*)" + re.escape(suffix) + r"(\.[^.]*)")
+            index = self.face_files[folder] = {}
             for f in (folder.iterdir() if folder.is_dir() else []):
                 m = pattern.fullmatch(f.name)
                 if m:
                     index.setdefault((m.group(1), m.group(3)), []).append(int(m.group(2)))
-        head, _, tail = j.out.name.rpartition(f"_face0{cfg.suffix}")
-        return sorted(face_files[folder].get((head, tail), []))
+        head, _, tail = j.out.name.rpartition(f"_face0{suffix}")
+        return sorted(self.face_files[folder].get((head, tail), []))
 
-    if info["total"] == 0:
-        raise ValueError("no images found in " + ", ".join(cfg.inputs)
-                         + (f" ({_count(len(ignored), 'file')} without an image extension ignored)" if ignored else ""))
-    mpath = metrics_path(cfg.metrics, info["shard"])
-    done_before = [j for j in jobs if cfg.skip_existing and already_done(j)]
-    skip = {id(j) for j in done_before}
-    todo = [j for j in jobs if id(j) not in skip]
-    # a message names paths: their control characters escaped, as everywhere (a message is one line)
-    say = (lambda *a: None) if cfg.quiet else (lambda msg: print(_shown(msg), file=sys.stderr))
-    shard_i, shard_n = info["shard"]
-    say(f"{_count(info['total'], 'image')} under {info['base']}"
-        + (f", shard {shard_i}/{shard_n}: {len(jobs)}" if shard_n > 1 else "")
-        + (f", {len(done_before)} already done" if done_before else "")
-        + (f"; ignored {_count(len(ignored), 'file')} without an image extension (e.g. {ignored[0]})" if ignored else "")
-        + (f"; OUTDIR {cfg.outdir}, inside an input folder, is not searched for inputs"
-           if info["outdir_inside"] else ""))
-    no_gt = [j for j in todo if j.gt is None] if cfg.ground_truth else []
-    if no_gt:
-        say(f"warning: no ground truth in {cfg.ground_truth} for {len(no_gt)} of {len(todo)} inputs "
-            f"(e.g. {no_gt[0].src}): they get no PSNR / SSIM")
-    # every check that needs no model, before a dry run lists the work: it refuses what the run would
-    seed = 0 if cfg.seed is None else cfg.seed
-    options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=seed)  # made again with the model
-    if not cfg.dry_run:  # the machine's, not the arguments': a dry run may plan the work elsewhere
-        pick_device(cfg.device)
-    card = resolve(cfg.weights or default_weights())
+    # ------------------------------------------------ batches and decoding
 
-    def check_k(heads: int | None) -> None:  # k beyond the model's heads: a bad argument, before any work
-        if cfg.k is not None and heads is not None and cfg.k > heads:
-            raise ValueError(f"--k {cfg.k}: these weights have {heads} blockwise heads, so --k must be in 1..{heads}")
-    check_k(card_config(card)[1].n_blockwise if card.suffix == ".json" else None)  # a .pt's: once it loads
-    # OUTDIR (where there is anything to write) and the metrics file's folder must take files
-    if todo:
-        check_writable(Path(cfg.outdir), "OUTDIR")
-    if mpath:
-        if Path(mpath).is_dir():
-            raise ValueError(f"--metrics {mpath} is a folder; name a .csv or .json file")
-        check_writable(Path(mpath).parent, "--metrics folder")
-    if cfg.dry_run:
-        for j in jobs:
-            # with --paste-back, the scale each photo would be pasted back at: its faces are found
-            scale = "\t" + _shown(dry_paste_plan(j.src, cfg.faces, cfg.no_face)) if cfg.paste_back and id(j) not in skip else ""
-            print(f"{'skip' if id(j) in skip else 'todo'}\t{_shown(j.src)}\t{_shown(j.out)}{scale}")
-        return 0
+    def decode_all(self) -> None:
+        """Batch after batch until every job is done or a stop is asked for; the metrics written
+        at the end whatever happens (after a crash, as of a run that broke off)."""
+        from tqdm import tqdm
 
-    # what a killed run left half-written in the folders this one writes to
-    swept = sweep_temp_files(sorted({p.parent for j in jobs for p in (j.out, j.compare, j.paste) if p}
-                                    | ({Path(mpath).parent} if mpath else set())))
-    if swept:
-        say(f"removed {_count(swept, 'temporary file')} that a killed run left")
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    t0 = time.perf_counter()
-    up = Upscaler(cfg.weights, device=cfg.device, dtype=cfg.dtype)
-    check_k(up.max_k)  # a training checkpoint's heads are known once it loads
-    # the weights' default guidance where none is given, the mode checked against these weights
-    opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=seed,
-                      prior_weight=cfg.prior_weight, guard=cfg.guard)
-    prior_weight, guard, weights, device = opts.prior_weight, opts.guard, up.weights, up.device
-    from .decoding import not_native
-    why = not_native(up.model)
-    if todo and why and device == "cpu":  # on a GPU the PyTorch engine is the one meant
-        print(f"warning: decoding on the PyTorch engine, many times slower than the native one: {why}",
-              file=sys.stderr)
+        cfg, s = self.cfg, self.summary
+        shard_i, shard_n = self.info["shard"]
+        self.bar = tqdm(total=len(self.todo), unit="img", disable=cfg.quiet, dynamic_ncols=True, smoothing=0.1,
+                        desc="upscale" + (f" {shard_i}/{shard_n}" if shard_n > 1 else ""))
+        t1 = time.perf_counter()
+        ended = False  # the run came to its end, or to a stop asked for; not a crash
+        try:
+            with _StopFlag(cfg.quiet) as self.stop:
+                for batch in self.batches():
+                    if not self.decode(batch):
+                        continue
+                    s.seconds = time.perf_counter() - t1
+                    self.metrics.maybe_write(s)
+                    after_batch(s)
+                    if self.stop.set and not self.photos:  # a photo begun is finished first: its faces are
+                        break  # written together (batches() reads no further file)
+                # Ctrl-C: stopped after the batch in hand (one whose decoding failed ends in batches())
+                s.interrupted = self.stop.set
+            ended = True
+        except KeyboardInterrupt:  # the second Ctrl-C: the batch in flight is dropped
+            s.interrupted = ended = True
+        finally:
+            s.seconds = time.perf_counter() - t1
+            self.bar.close()
+            try:
+                self.metrics.write(s, finished=ended)  # not after a crash: the file then says the run broke off
+                s.metrics_error = None
+            except OSError as e:
+                s.metrics_error = _shown(f"{self.mpath}: {e}")
 
-    s = Summary(total=len(jobs), skipped=len(done_before), load_seconds=time.perf_counter() - t0)
-    settings = {"weights": str(weights), "mode": cfg.mode, "k": opts.k, "eps": opts.eps if cfg.mode == "approx" else None,
-                "temperature": opts.temperature or None, "seed": seed if opts.temperature else None,
-                "batch_size": cfg.batch_size, "prior_weight": prior_weight, "guard": guard, "match_input": cfg.match_input,
-                "device": device, "dtype": cfg.dtype, "shard": f"{shard_i}/{shard_n}",
-                "ssim": dict(SSIM_SETTINGS), "psnr": dict(PSNR_SETTINGS)}
-    metrics = Metrics(mpath, settings, cfg.skip_existing, cfg.outdir)
-    base_row = {k: settings[k] for k in ("mode", "k", "eps", "temperature", "seed", "batch_size",
-                                          "prior_weight", "guard", "match_input")}
-
-    def names(j: Job) -> dict:  # a metrics row's paths
-        return {"input": str(j.src), "output": str(j.out), "relative": j.out.relative_to(cfg.outdir).as_posix()}
-
-    for j in done_before:
-        metrics.add({**names(j), "status": "skipped"})
-        # with --faces all, the photo's other faces written by the earlier run keep their rows too
-        for f in (further_faces(j) if cfg.faces == "all" else []):
-            out = face_output(j, f, j.out)
-            metrics.add({**names(j), "output": str(out), "relative": out.relative_to(cfg.outdir).as_posix(),
-                         "status": "skipped"})
-    # a resumed run whose settings differ would leave its outputs unlike each other: say so
-    def kept_unlike(key, read, now):
-        """Outputs kept by --skip-existing whose earlier row recorded another value of `key`."""
-        rows = [metrics.previous.get(names(j)["relative"]) for j in done_before]
-        return [j for j, r in zip(done_before, rows) if r is not None and read(r.get(key)) != now]
-
-    # a CSV row holds "True" / "False", a JSON row a bool; rows of runs before match_input existed
-    # have none (or "" in a CSV): those outputs were not matched
-    unlike = kept_unlike("match_input", lambda v: str(v or False), str(cfg.match_input))
-    if unlike:
-        print(f"warning: {len(unlike)} outputs kept by --skip-existing were saved "
-              f"{'without' if cfg.match_input else 'with'} --match-input (e.g. {_shown(unlike[0].out)}); the new ones "
-              f"are {'' if cfg.match_input else 'not '}matched. Rerun those without --skip-existing, or pass "
-              f"--{'no-' if cfg.match_input else ''}match-input, to keep them alike", file=sys.stderr)
-    # likewise the input guidance; a row without the field was decoded at weight 1
-    unlike = kept_unlike("prior_weight", lambda v: float(v or 1), prior_weight)
-    if unlike:
-        print(f"warning: {len(unlike)} outputs kept by --skip-existing were decoded with another "
-              f"--prior-weight (e.g. {_shown(unlike[0].out)}); the new ones use {prior_weight:g}. Rerun those without "
-              f"--skip-existing, or pass the old --prior-weight, to keep them alike", file=sys.stderr)
-    # and the cell guard; a row without the field was decoded without it
-    unlike = kept_unlike("guard", lambda v: float(v or 0), guard)
-    if unlike:
-        print(f"warning: {len(unlike)} outputs kept by --skip-existing were decoded with another "
-              f"--guard (e.g. {_shown(unlike[0].out)}); the new ones use {guard:g}. Rerun those without "
-              f"--skip-existing, or pass the old --guard, to keep them alike", file=sys.stderr)
-
-    bar = tqdm(total=len(todo), unit="img", desc="upscale" + (f" {shard_i}/{shard_n}" if shard_n > 1 else ""),
-               disable=cfg.quiet, dynamic_ncols=True, smoothing=0.1)
-
-    def fail(j: Job, reason: str):
-        s.failed.append((str(j.src), reason))
-        metrics.add({**names(j), "status": "failed", "reason": reason})
-        bar.write(f"failed: {_shown(j.src)}: {_shown(reason)}", file=sys.stderr)
-        bar.update(1)
-
-    photos = {}  # id(job) -> (Photo, results so far): a photo's outputs wait for all its faces
-
-    def batches():
+    def batches(self):
         """(job, face number, 8x8 input) batches; a photo's faces may span several batches."""
-        batch = []
-        for j in todo:
-            if stop.set:  # Ctrl-C: read no more (also when every file so far failed to load)
+        cfg, batch = self.cfg, []
+        for j in self.todo:
+            if self.stop.set:  # Ctrl-C: read no more (also when every file so far failed to load)
                 break
             try:
                 ph = load_photo(j.src, cfg.faces, cfg.no_face)
             except BadImage as e:  # its message starts with the file's name: we print the path
-                fail(j, str(e).removeprefix(f"{j.src}: ").removeprefix(f"{j.src.name}: "))
+                self.fail(j, str(e).removeprefix(f"{j.src}: ").removeprefix(f"{j.src.name}: "))
                 continue
             except Exception as e:  # whatever else a strange file does, the run goes on
-                fail(j, f"{type(e).__name__}: {e}")
+                self.fail(j, f"{type(e).__name__}: {e}")
                 continue
             if ph.warn:
-                bar.write(f"warning: {_shown(j.src)}: {ph.note}"
-                          + ("; the pasted photo is the photo enlarged, nothing pasted" if cfg.paste_back and ph.faces else ""),
-                          file=sys.stderr)
+                self.bar.write(f"warning: {_shown(j.src)}: {ph.note}"
+                               + ("; the pasted photo is the photo enlarged, nothing pasted"
+                                  if cfg.paste_back and ph.faces else ""), file=sys.stderr)
             if not ph.faces:  # --no-face skip
-                s.no_face.append(str(j.src))
-                metrics.add({**names(j), "status": "no face", "reason": ph.note})
-                bar.update(1)
+                self.summary.no_face.append(str(j.src))
+                self.metrics.add({**self.names(j), "status": "no face", "reason": ph.note})
+                self.bar.update(1)
                 continue
-            photos[id(j)] = (ph, {})
+            self.photos[id(j)] = (ph, {})
             for n, f in enumerate(ph.faces):
-                if id(j) not in photos:  # a batch with its first faces failed: the rest would be dropped
+                if id(j) not in self.photos:  # a batch with its first faces failed: the rest would be dropped
                     break
                 batch.append((j, n, f[0] if isinstance(f, tuple) else f.lr))
                 if len(batch) == cfg.batch_size:
@@ -976,7 +1056,84 @@ def run(cfg: Config) -> int:
         if batch:
             yield batch
 
-    def write_photo(j: Job, ph: Photo, results: dict) -> None:
+    def decode(self, batch) -> bool:
+        """A batch decoded, and each photo whose faces are all decoded then written; False where
+        the decoding failed (its photos reported failed, the run goes on)."""
+        cfg, s, opts = self.cfg, self.summary, self.opts
+        bjobs = [j for j, _, _ in batch]
+        lrs = np.stack([lr for _, _, lr in batch])
+        try:
+            images, stats = decode_batch(self.up, lrs, bjobs, opts, None if cfg.quiet else self.progress)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # e.g. out of GPU memory: report the batch, go on
+            for j in {id(j): j for j in bjobs}.values():  # a photo once, however many of its faces
+                if id(j) in self.photos:
+                    self.photos.pop(id(j))
+                    self.fail(j, f"decoding failed: {type(e).__name__}: {e}")
+            return False
+        if cfg.measure_greedy and s.greedy_check is None and opts.k > 1:  # two more decodes
+            s.greedy_check = _greedy_check(self.up.model, lrs, images, opts)
+        if cfg.match_input:  # after the greedy check, which compares the decoder's own outputs
+            images = match_input(images, lrs)
+        for (j, n, lr), img, st in zip(batch, images, stats):
+            if id(j) not in self.photos:  # the photo failed with an earlier batch
+                continue
+            ph, results = self.photos[id(j)]
+            results[n] = (img, lr, self.row(j, ph, n, st), st)
+            if len(results) == len(ph.faces):  # a photo's faces are written together
+                self.finish_photo(j, ph, results)
+        return True
+
+    def row(self, j: Job, ph: Photo, n: int, st) -> dict:
+        """Face n's metrics row, as decoded."""
+        face = ph.faces[n]
+        aligned = not isinstance(face, tuple)
+        out = self.face_output(j, n, j.out)
+        return {**self.names(j), "output": str(out), "relative": out.relative_to(self.cfg.outdir).as_posix(),
+                "status": "done", **self.base_row, "face": n,
+                "framing": face.how if aligned else ph.note, "faces_note": ph.note,
+                # in the photo's own pixels (a photo over 40 MP is read at reduced size)
+                "box": [round(v * ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width, 1)
+                        for v in face.box] if aligned else None,
+                "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
+
+    def progress(self, tokens, done_counts, bmap, calls):
+        """The current batch's share on the bar, twice a second."""
+        if time.perf_counter() - self.progress_shown > 0.5:
+            from .model import SEQ_LEN  # loaded with the model by now
+
+            self.progress_shown = time.perf_counter()
+            self.bar.set_postfix_str(f"batch {done_counts.mean() / SEQ_LEN:.0%}", refresh=True)
+
+    def fail(self, j: Job, reason: str):
+        self.summary.failed.append((str(j.src), reason))
+        self.metrics.add({**self.names(j), "status": "failed", "reason": reason})
+        self.bar.write(f"failed: {_shown(j.src)}: {_shown(reason)}", file=sys.stderr)
+        self.bar.update(1)
+
+    # ------------------------------------------------ writing
+
+    def finish_photo(self, j: Job, ph: Photo, results: dict) -> None:
+        """A photo whose faces are all decoded: written, then counted (or failed)."""
+        s = self.summary
+        self.photos.pop(id(j))
+        try:
+            self.write_photo(j, ph, results)
+        except Exception as e:  # disk full, permissions...: this image failed
+            self.fail(j, f"writing failed: {type(e).__name__}: {e}")
+            return
+        for _, _, row, st in (results[n] for n in range(len(ph.faces))):
+            self.metrics.add(row)
+            s.blocks.append(st.mean_block)
+            s.calls.append(st.calls)
+        s.faces += len(ph.faces)
+        s.done += 1
+        if j.paste is not None and ph.image is not None:
+            s.pasted.append((str(j.src), paste_plan_of(ph)[0].note))
+        self.bar.update(1)
+
+    def write_photo(self, j: Job, ph: Photo, results: dict) -> None:
         """A photo's outputs, once all its faces are decoded: the further faces, the pasted photo,
         then face 0 last, since --skip-existing takes a photo whose face 0 (and compare strip and
         pasted photo) exists for done: a run stopped between two of its faces leaves none written.
@@ -984,22 +1141,23 @@ def run(cfg: Config) -> int:
         written = []
         try:
             for n in reversed(range(len(ph.faces))):
-                write_face(j, ph, results, n, written)
+                self.write_face(j, ph, results, n, written)
         except BaseException:
             # and, once this run has replaced any of them, an earlier run's face 0, pasted photo
             # or strip: --skip-existing would take the photo for done, with faces missing
             for path in [*written, *((j.out, j.paste, j.compare) if written else ())]:
-                if path is not None and _resolve(path) not in info["protected"]:  # never an input
+                if path is not None and _resolve(path) not in self.info["protected"]:  # never an input
                     path.unlink(missing_ok=True)
             raise
 
-    def write_face(j: Job, ph: Photo, results: dict, n: int, written: list) -> None:
+    def write_face(self, j: Job, ph: Photo, results: dict, n: int, written: list) -> None:
         """Face n's output (and compare strip; with face 0 the pasted photo), each path added to
         `written` once it is there."""
+        cfg, info = self.cfg, self.info
         img, lr, row, _ = results[n]
         face = ph.faces[n]
         aligned = not isinstance(face, tuple)
-        out, compare = face_output(j, n, j.out), j.compare and face_output(j, n, j.compare)
+        out, compare = self.face_output(j, n, j.out), j.compare and self.face_output(j, n, j.compare)
         if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
             raise ValueError(f"{out} is an input file: not overwritten")
         if n > 0 and foreign_beside_inputs(out, info["input_folders"]):  # face 0's: before any work (plan)
@@ -1012,21 +1170,12 @@ def run(cfg: Config) -> int:
             except BadImage as e:
                 row["reason"] = f"ground truth unusable: {e}"
                 if n == 0 and not cfg.quiet:  # once a photo (written last)
-                    bar.write(_shown(f"warning: {j.src}: ground truth unusable: {e}"), file=sys.stderr)
+                    self.bar.write(_shown(f"warning: {j.src}: ground truth unusable: {e}"), file=sys.stderr)
         if gt is not None:
             row["psnr"], row["ssim"] = quality(gt, img)
             row["psnr_bicubic"], row["ssim_bicubic"] = quality(gt, bicubic_upscale(lr))
         if n == 0 and j.paste is not None:  # before face 0: the photo is done when face 0 is there
-            at, pasted = paste_plan_of(ph)
-            if at is not None:
-                from .faces import paste_back
-                whole = paste_back(ph.image, pasted, [results[i][0] for i in range(len(pasted))], at.scale)
-                own = ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width
-                for i in results:  # the pasted photo's side / the photo's own (one read reduced: larger)
-                    results[i][2]["paste_scale"] = round(at.scale / own, 5)
-            else:  # an 8x8 or 32x32 input: the result is the whole photo
-                whole = img
-            save_atomic(whole, j.paste, cfg.ext)
+            save_atomic(self.pasted_photo(ph, results, img), j.paste, cfg.ext)
             written.append(j.paste)
         if compare is not None:
             save_atomic(compare_strip(lr, img, gt), compare, cfg.ext)
@@ -1034,94 +1183,35 @@ def run(cfg: Config) -> int:
         save_atomic(img, out, cfg.ext)
         written.append(out)
 
-    shown = [0.0]
+    def pasted_photo(self, ph: Photo, results: dict, img: np.ndarray) -> np.ndarray:
+        """--paste-back: the photo with its faces' results pasted back; each face's row gets the
+        scale it was pasted at."""
+        at, pasted = paste_plan_of(ph)
+        if at is None:  # an 8x8 or 32x32 input: the result is the whole photo
+            return img
+        from .faces import paste_back
+        whole = paste_back(ph.image, pasted, [results[i][0] for i in range(len(pasted))], at.scale)
+        own = ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width
+        for i in results:  # the pasted photo's side / the photo's own (one read reduced: larger)
+            results[i][2]["paste_scale"] = round(at.scale / own, 5)
+        return whole
 
-    def progress(tokens, done_counts, bmap, calls):  # live share of the current batch, twice a second
-        if time.perf_counter() - shown[0] > 0.5:
-            shown[0] = time.perf_counter()
-            bar.set_postfix_str(f"batch {done_counts.mean() / SEQ_LEN:.0%}", refresh=True)
+    # ------------------------------------------------ summary
 
-    t1 = time.perf_counter()
-    ended = False  # the run came to its end, or to a stop asked for; not a crash
-    try:
-        with _StopFlag(cfg.quiet) as stop:
-            for batch in batches():
-                bjobs = [j for j, _, _ in batch]
-                lrs = np.stack([lr for _, _, lr in batch])
-                try:
-                    images, stats = decode_batch(up, lrs, bjobs, opts, None if cfg.quiet else progress)
-                except KeyboardInterrupt:
-                    raise
-                except Exception as e:  # e.g. out of GPU memory: report the batch, go on
-                    for j in {id(j): j for j in bjobs}.values():  # a photo once, however many of its faces
-                        if id(j) in photos:
-                            photos.pop(id(j))
-                            fail(j, f"decoding failed: {type(e).__name__}: {e}")
-                    continue
-                if cfg.measure_greedy and s.greedy_check is None and opts.k > 1:  # two more decodes
-                    s.greedy_check = _greedy_check(up.model, lrs, images, opts)
-                if cfg.match_input:  # after the greedy check, which compares the decoder's own outputs
-                    images = match_input(images, lrs)
-                for (j, n, lr), img, st in zip(batch, images, stats):
-                    if id(j) not in photos:  # the photo failed with an earlier batch
-                        continue
-                    ph, results = photos[id(j)]
-                    face = ph.faces[n]
-                    aligned = not isinstance(face, tuple)
-                    out = face_output(j, n, j.out)
-                    row = {**names(j), "output": str(out), "relative": out.relative_to(cfg.outdir).as_posix(),
-                           "status": "done", **base_row, "face": n,
-                           "framing": face.how if aligned else ph.note, "faces_note": ph.note,
-                           # in the photo's own pixels (a photo over 40 MP is read at reduced size)
-                           "box": [round(v * ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width, 1)
-                                   for v in face.box] if aligned else None,
-                           "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
-                    results[n] = (img, lr, row, st)
-                    if len(results) < len(ph.faces):  # a photo's faces are written together
-                        continue
-                    photos.pop(id(j))
-                    try:
-                        write_photo(j, ph, results)
-                    except Exception as e:  # disk full, permissions...: this image failed
-                        fail(j, f"writing failed: {type(e).__name__}: {e}")
-                        continue
-                    for n in range(len(ph.faces)):
-                        metrics.add(results[n][2])
-                        s.blocks.append(results[n][3].mean_block)
-                        s.calls.append(results[n][3].calls)
-                    s.faces += len(ph.faces)
-                    s.done += 1
-                    if j.paste is not None and ph.image is not None:
-                        s.pasted.append((str(j.src), paste_plan_of(ph)[0].note))
-                    bar.update(1)
-                s.seconds = time.perf_counter() - t1
-                metrics.maybe_write(s)
-                after_batch(s)
-                if stop.set and not photos:  # a photo begun is finished first: its faces are
-                    break  # written together (batches() reads no further file)
-            # Ctrl-C: stopped after the batch in hand (one whose decoding failed ends in batches())
-            s.interrupted = stop.set
-        ended = True
-    except KeyboardInterrupt:  # the second Ctrl-C: the batch in flight is dropped
-        s.interrupted = ended = True
-    finally:
-        s.seconds = time.perf_counter() - t1
-        bar.close()
-        try:
-            metrics.write(s, finished=ended)  # not after a crash: the file then says the run broke off
-            s.metrics_error = None
-        except OSError as e:
-            s.metrics_error = _shown(f"{mpath}: {e}")
-    if not cfg.quiet:
-        print(_printable("\n".join(s.lines(cfg.mode)) + (f"\nmetrics: {_shown(mpath)}" if mpath and not s.metrics_error else "")))
-    else:  # quiet: only what needs attention
-        if s.failed:
-            print(f"{len(s.failed)} of {s.total} images failed", file=sys.stderr)
-        if s.interrupted and s.left:
-            print(f"interrupted after {s.done + s.skipped} of {s.total} images", file=sys.stderr)
-        if s.metrics_error:
-            print(f"metrics NOT written: {s.metrics_error}", file=sys.stderr)
-    return s.exit_code
+    def summarise(self) -> int:
+        """The summary (quiet: only what needs attention); returns the exit code."""
+        s, mpath = self.summary, self.mpath
+        if not self.cfg.quiet:
+            print(_printable("\n".join(s.lines(self.cfg.mode))
+                             + (f"\nmetrics: {_shown(mpath)}" if mpath and not s.metrics_error else "")))
+        else:
+            if s.failed:
+                print(f"{len(s.failed)} of {s.total} images failed", file=sys.stderr)
+            if s.interrupted and s.left:
+                print(f"interrupted after {s.done + s.skipped} of {s.total} images", file=sys.stderr)
+            if s.metrics_error:
+                print(f"metrics NOT written: {s.metrics_error}", file=sys.stderr)
+        return s.exit_code
 
 
 def dry_paste_plan(src: Path, which: str, no_face: str) -> str:
