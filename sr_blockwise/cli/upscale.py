@@ -5,7 +5,9 @@ import argparse
 from dataclasses import fields
 
 from ..api import DEFAULT_DTYPE, DTYPES, dtype_name
-from ..upscale import FACES, NO_FACE, SAVE_ARGS, Config, run
+from ..batch.files import SAVE_ARGS
+from ..batch.plan import FACES, NO_FACE, Config
+from ..batch.run import run
 
 
 def decode_mode(name: str) -> str:
