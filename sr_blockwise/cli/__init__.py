@@ -26,7 +26,7 @@ SUBCOMMAND_MODULES = [
     "sr_blockwise.cli.upscale",  # upscale
     "sr_blockwise.cli.evaluate",  # evaluate
     "apps.demo",  # demo
-    "apps.rating",  # rate build / serve / analyze
+    "sr_blockwise.cli.rate",  # rate build / serve / analyze
     "sr_blockwise.cli.train",  # train
 ]
 
