@@ -34,6 +34,23 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def portable_path(path) -> str | None:
+    """A path as a weights card records it: relative to the current folder or to the home folder
+    where it lies below one, else its last two parts (a card names no folder of the machine that
+    made it)."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        return str(path)
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(p.relative_to(base))
+        except ValueError:
+            pass
+    return str(Path(*p.parts[-2:]))
+
+
 def compact_state_dict(state: dict) -> dict:
     """A state dict for carrying a model home (gpu/train.sh): matrices in bf16, halving the
     bytes, but the priors, the output projection and all vectors in float32, since decoding keeps

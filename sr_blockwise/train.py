@@ -331,169 +331,239 @@ def slow_bf16_note(cfg: TrainConfig) -> str | None:
 
 
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
-    ddp = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
-    rank, world = 0, 1
-    if ddp:
-        dist.init_process_group("nccl" if cfg.device.startswith("cuda") else "gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
-        if cfg.device.startswith("cuda"):
-            cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-            torch.cuda.set_device(cfg.device)  # nccl's collectives run on the current device
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    if rank == 0 and (note := slow_bf16_note(cfg)):
-        print(note, file=sys.stderr)
-    run_dir = CACHE_DIR / cfg.run
-    ckpt_path = run_dir / "last.pt"
-    if resume and not ckpt_path.exists():
-        raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
-    if not resume and ckpt_path.exists():
-        raise FileExistsError(f"{ckpt_path} exists: pass --resume to continue it, or use another --run "
-                              "(an existing checkpoint is never overwritten by a fresh run)")
+    return Training(cfg, resume, progress).run()
 
-    faces = load_faces(cfg.data)
-    train_set, val_set = faces.part("train"), faces.part("val")
-    if len(train_set) == 0:
-        why = ("a folder of photos, and an .npz prepared from one, has no partition labels and is all "
-               "held-out test faces: train on CelebA with its list_eval_partition.txt, or an .npz prepared "
-               "from it" if len(faces) and (np.asarray(faces.split) < 0).all() else
-               f"{len(val_set)} validation and {len(faces.part('test'))} test faces, none of the training partition")
-        raise ValueError(f"{cfg.data or 'default data'}: the training split is empty ({why})")
-    train_imgs, train_lr = train_set.images, downsample_8(train_set.images)
-    if cfg.distill:  # distillation: inputs stay the real 8x8, targets are the base model's outputs
-        with np.load(cfg.distill, allow_pickle=False) as d:
-            train_imgs, train_lr = d["images"], d["lr"]
-        if len(train_imgs) == 0:
-            raise ValueError(f"{cfg.distill}: no distillation targets")
-    val_imgs = val_set.images[: cfg.eval_images]  # no val part (e.g. a photo folder): no eval
-    held_out = None  # (8x8 inputs, greedy outputs) the heads are scored on, heads stage + distill
-    if cfg.distill and cfg.stage == "heads" and cfg.eval_images:
-        if len(train_imgs) <= cfg.eval_images:
-            raise ValueError(f"{cfg.distill}: {len(train_imgs)} targets leave none to train on after "
-                             f"holding out --eval-images {cfg.eval_images}")
-        held_out = train_lr[-cfg.eval_images:], train_imgs[-cfg.eval_images:]
-        train_imgs, train_lr = train_imgs[: -cfg.eval_images], train_lr[: -cfg.eval_images]
-        val_imgs = val_imgs[:0]  # the frozen base's bits/dim cannot move: score the heads instead
 
-    ck = read_checkpoint(ckpt_path) if resume else None
-    model = init_model(cfg)
-    if ck is not None and ck["model_config"] != model.cfg.to_dict():
-        model = _model_of_run(ck["model_config"], model.cfg, ckpt_path)
-    # a fresh (or grown) prior starts from the data; never in the heads stage, whose base is frozen
-    if not resume and cfg.stage != "heads" and model.lr_prior is not None and not model.lr_prior.any():
-        init_lr_prior(model, train_imgs, train_lr)
-    model.train()
-    model.to(cfg.device)
-    if cfg.stage == "heads":
-        for name, p in model.named_parameters():
-            p.requires_grad = name.startswith("heads.")
-    opt, clip_parts = make_optimizer(model, cfg)
-    step, best = 0, float("inf")
-    if ck is not None:
-        _check_resumable(ck["train_config"], cfg, ckpt_path, say=rank == 0)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, best = ck["step"], ck.get("best_val_bpd", float("inf"))
-        if (run_dir / "best.pt").exists():  # last.pt may predate best.pt's score (a hard kill)
-            try:
-                best = min(best, read_checkpoint(run_dir / "best.pt").get("best_val_bpd", best))
-            except WeightsError as e:  # read for its score only: last.pt's stands in
-                print(f"warning: {e}; going on with last.pt's best score", file=sys.stderr)
-        if "torch_rng" in ck:
-            torch.set_rng_state(ck["torch_rng"])
-    loss_fn = TrainingLoss(model, cfg)
-    if ddp:
-        loss_fn = torch.nn.parallel.DistributedDataParallel(loss_fn, find_unused_parameters=True)
+class Training:
+    """One training run, in stages: the processes joined (under torchrun), the run's folder
+    checked, the data read, the model made (or resumed), the run's files begun, then the steps
+    (with evaluations and checkpoints) and the end (a last checkpoint and score)."""
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if ck is None:  # a fresh run: a best.pt left by an earlier run of this name is not its best
-        (run_dir / "best.pt").unlink(missing_ok=True)
-    log_path = run_dir / "log.csv"
-    if rank == 0:
-        (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
-    n = len(train_imgs)
-    per_epoch = n // (cfg.batch_size * world)
-    if per_epoch == 0:
-        raise ValueError(f"{n} training images are fewer than one batch of {cfg.batch_size} x {world} processes")
-    stop = {"flag": False}
+    def __init__(self, cfg: TrainConfig, resume: bool = False, progress: bool = True):
+        self.cfg, self.resume, self.show_progress = cfg, resume, progress
 
-    def on_sigint(sig, frame):
-        stop["flag"] = True  # finish the step, checkpoint, exit
+    def run(self) -> dict:
+        self.join()
+        self.check_run()
+        self.read_data()
+        self.make_model()
+        self.open_run()
+        self.steps()
+        return {"step": self.step, "run_dir": str(self.run_dir),
+                **{k: v for k, v in self.last.items() if k != "per_head"}}
 
-    old_handlers = signal.signal(signal.SIGINT, on_sigint), signal.signal(signal.SIGTERM, on_sigint)
-    if rank == 0 and held_out is not None and step == 0:  # the heads' score before training
-        _append_log(log_path, {"step": 0, "minutes": 0.0, "val_block": held_out_block(model, *held_out)})
-    t_start = time.time()
-    last_ckpt = last_eval = time.time()
-    steps_this_run = 0
-    imgs_seen = 0
-    bar = tqdm(total=cfg.max_steps if cfg.max_steps < 10**9 else None, initial=step,
-               disable=not progress or rank != 0, unit="step", dynamic_ncols=True)
-    last, losses = {}, None
+    # ------------------------------------------------ before the first step
 
-    def summary() -> dict:  # the latest step, for the log and the progress bar
-        elapsed = time.time() - t_start
-        return {"step": step, "minutes": elapsed / 60, "lr": lr_at(step, cfg),
+    def join(self) -> None:
+        """Under torchrun (DDP), this process's rank and device; the threads; a slow-bf16 note."""
+        cfg = self.cfg
+        self.ddp = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+        self.rank, self.world = 0, 1
+        if self.ddp:
+            dist.init_process_group("nccl" if cfg.device.startswith("cuda") else "gloo")
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            if cfg.device.startswith("cuda"):
+                cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+                torch.cuda.set_device(cfg.device)  # nccl's collectives run on the current device
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        if self.rank == 0 and (note := slow_bf16_note(cfg)):
+            print(note, file=sys.stderr)
+
+    def check_run(self) -> None:
+        """--resume needs the run's checkpoint; a fresh run never overwrites one."""
+        self.run_dir = CACHE_DIR / self.cfg.run
+        self.ckpt_path = self.run_dir / "last.pt"
+        if self.resume and not self.ckpt_path.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint at {self.ckpt_path}")
+        if not self.resume and self.ckpt_path.exists():
+            raise FileExistsError(f"{self.ckpt_path} exists: pass --resume to continue it, or use another --run "
+                                  "(an existing checkpoint is never overwritten by a fresh run)")
+
+    def read_data(self) -> None:
+        """The training faces (or the distillation targets), the validation faces, and in the heads
+        stage with --distill the held-out targets the heads are scored on."""
+        cfg = self.cfg
+        faces = load_faces(cfg.data)
+        train_set, val_set = faces.part("train"), faces.part("val")
+        if len(train_set) == 0:
+            why = ("a folder of photos, and an .npz prepared from one, has no partition labels and is all "
+                   "held-out test faces: train on CelebA with its list_eval_partition.txt, or an .npz prepared "
+                   "from it" if len(faces) and (np.asarray(faces.split) < 0).all() else
+                   f"{len(val_set)} validation and {len(faces.part('test'))} test faces, none of the training partition")
+            raise ValueError(f"{cfg.data or 'default data'}: the training split is empty ({why})")
+        train_imgs, train_lr = train_set.images, downsample_8(train_set.images)
+        if cfg.distill:  # distillation: inputs stay the real 8x8, targets are the base model's outputs
+            with np.load(cfg.distill, allow_pickle=False) as d:
+                train_imgs, train_lr = d["images"], d["lr"]
+            if len(train_imgs) == 0:
+                raise ValueError(f"{cfg.distill}: no distillation targets")
+        self.val_imgs = val_set.images[: cfg.eval_images]  # no val part (e.g. a photo folder): no eval
+        self.held_out = None  # (8x8 inputs, greedy outputs) the heads are scored on, heads stage + distill
+        if cfg.distill and cfg.stage == "heads" and cfg.eval_images:
+            if len(train_imgs) <= cfg.eval_images:
+                raise ValueError(f"{cfg.distill}: {len(train_imgs)} targets leave none to train on after "
+                                 f"holding out --eval-images {cfg.eval_images}")
+            self.held_out = train_lr[-cfg.eval_images:], train_imgs[-cfg.eval_images:]
+            train_imgs, train_lr = train_imgs[: -cfg.eval_images], train_lr[: -cfg.eval_images]
+            self.val_imgs = self.val_imgs[:0]  # the frozen base's bits/dim cannot move: score the heads instead
+        self.train_imgs, self.train_lr = train_imgs, train_lr
+
+    def make_model(self) -> None:
+        """The model and optimizer, fresh or as the checkpoint left them, and the loss (DDP-wrapped)."""
+        cfg, ckpt_path = self.cfg, self.ckpt_path
+        ck = read_checkpoint(ckpt_path) if self.resume else None
+        self.fresh = ck is None
+        model = init_model(cfg)
+        if ck is not None and ck["model_config"] != model.cfg.to_dict():
+            model = _model_of_run(ck["model_config"], model.cfg, ckpt_path)
+        # a fresh (or grown) prior starts from the data; never in the heads stage, whose base is frozen
+        if not self.resume and cfg.stage != "heads" and model.lr_prior is not None and not model.lr_prior.any():
+            init_lr_prior(model, self.train_imgs, self.train_lr)
+        model.train()
+        model.to(cfg.device)
+        if cfg.stage == "heads":
+            for name, p in model.named_parameters():
+                p.requires_grad = name.startswith("heads.")
+        self.model = model
+        self.opt, self.clip_parts = make_optimizer(model, cfg)
+        self.step, self.best = 0, float("inf")
+        if ck is not None:
+            _check_resumable(ck["train_config"], cfg, ckpt_path, say=self.rank == 0)
+            model.load_state_dict(ck["model"])
+            self.opt.load_state_dict(ck["opt"])
+            self.step, self.best = ck["step"], ck.get("best_val_bpd", float("inf"))
+            if (self.run_dir / "best.pt").exists():  # last.pt may predate best.pt's score (a hard kill)
+                try:
+                    self.best = min(self.best, read_checkpoint(self.run_dir / "best.pt").get("best_val_bpd", self.best))
+                except WeightsError as e:  # read for its score only: last.pt's stands in
+                    print(f"warning: {e}; going on with last.pt's best score", file=sys.stderr)
+            if "torch_rng" in ck:
+                torch.set_rng_state(ck["torch_rng"])
+        self.loss_fn = TrainingLoss(model, cfg)
+        if self.ddp:
+            self.loss_fn = torch.nn.parallel.DistributedDataParallel(self.loss_fn, find_unused_parameters=True)
+
+    def open_run(self) -> None:
+        """The run's folder and settings written; the steps an epoch takes."""
+        cfg, run_dir = self.cfg, self.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if self.fresh:  # a fresh run: a best.pt left by an earlier run of this name is not its best
+            (run_dir / "best.pt").unlink(missing_ok=True)
+        self.log_path = run_dir / "log.csv"
+        if self.rank == 0:
+            (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+        n = len(self.train_imgs)
+        self.per_epoch = n // (cfg.batch_size * self.world)
+        if self.per_epoch == 0:
+            raise ValueError(f"{n} training images are fewer than one batch of {cfg.batch_size} x {self.world} "
+                             "processes")
+
+    # ------------------------------------------------ the steps
+
+    def steps(self) -> None:
+        """Steps until --max-steps, --max-minutes or a Ctrl-C / SIGTERM (the step in hand is
+        finished, then a checkpoint is written)."""
+        cfg = self.cfg
+        self.stop = False
+
+        def on_sigint(sig, frame):
+            self.stop = True  # finish the step, checkpoint, exit
+
+        old_handlers = signal.signal(signal.SIGINT, on_sigint), signal.signal(signal.SIGTERM, on_sigint)
+        if self.rank == 0 and self.held_out is not None and self.step == 0:  # the heads' score before training
+            _append_log(self.log_path, {"step": 0, "minutes": 0.0,
+                                        "val_block": held_out_block(self.model, *self.held_out)})
+        self.t_start = time.time()
+        self.last_ckpt = self.last_eval = time.time()
+        self.steps_this_run = 0
+        self.imgs_seen = 0
+        self.bar = tqdm(total=cfg.max_steps if cfg.max_steps < 10**9 else None, initial=self.step,
+                        disable=not self.show_progress or self.rank != 0, unit="step", dynamic_ncols=True)
+        self.last, self.losses = {}, None
+        # on CUDA, deterministic mode swaps in slower kernels, and a short GPU run is never resumed
+        restore_determinism = deterministic_algorithms() if cfg.device == "cpu" else (lambda: None)
+        try:
+            while self.step < cfg.max_steps and not _should_stop(
+                    self.stop or (time.time() - self.t_start) / 60 >= cfg.max_minutes, self.ddp, cfg.device):
+                self.one_step()
+        finally:
+            restore_determinism()
+            signal.signal(signal.SIGINT, old_handlers[0])
+            signal.signal(signal.SIGTERM, old_handlers[1])
+            self.finish()
+
+    def one_step(self) -> None:
+        """One optimizer step on this process's share of the batch; the log, an evaluation and a
+        checkpoint when they are due."""
+        cfg, rank, world = self.cfg, self.rank, self.world
+        epoch, i = divmod(self.step, self.per_epoch)
+        # data order is a pure function of (seed, epoch, step): resuming continues exactly
+        perm = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.train_imgs))
+        idx = perm[(i * world + rank) * cfg.batch_size : (i * world + rank + 1) * cfg.batch_size]
+        src = to_device(to_tokens(self.train_lr[idx]), cfg.device)
+        tgt = to_device(to_tokens(self.train_imgs[idx]), cfg.device)
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
+        self.losses = train_step(self.loss_fn, self.opt, self.clip_parts, src, tgt, gen, self.step, cfg)
+        self.step += 1
+        self.steps_this_run += 1
+        self.imgs_seen += len(idx) * world
+        self.bar.update(1)
+        now = time.time()
+        want_eval = rank == 0 and now - self.last_eval > cfg.eval_minutes * 60
+        # reading a loss waits for the device to finish the step: on a GPU, doing so every step
+        # would stop the CPU from queueing the next one while the GPU works
+        if self.step % 10 == 0 or want_eval:
+            self.last = self.summary()
+            self.bar.set_postfix(bpd=f"{self.last['bpd_train']:.3f}", heads=f"{self.last['head_loss']:.2f}",
+                                 ips=f"{self.last['imgs_per_s']:.2f}")
+        if want_eval:
+            self.evaluate()
+        if rank == 0 and (self.step % 10 == 0 or want_eval):
+            _append_log(self.log_path, self.last)
+        if rank == 0 and now - self.last_ckpt > cfg.ckpt_minutes * 60:
+            save_checkpoint(self.ckpt_path, self.model, self.opt, self.step, cfg, {"best_val_bpd": self.best})
+            self.last_ckpt = time.time()
+
+    def evaluate(self) -> None:
+        """Validation bits/dim (the best kept apart in best.pt), or the heads' held-out block."""
+        cfg, last, step = self.cfg, self.last, self.step
+        if len(self.val_imgs):
+            last["val_bpd"] = bits_per_dim(self.model, self.val_imgs, bf16=cfg.bf16, device=cfg.device)
+            if last["val_bpd"] < self.best:  # kept apart: a long run on few faces can overfit
+                self.best = last["val_bpd"]
+                save_checkpoint(self.run_dir / "best.pt", self.model, self.opt, step, cfg, {"best_val_bpd": self.best})
+            tqdm.write(f"step {step}: val bits/dim {last['val_bpd']:.4f}")
+        if self.held_out is not None:  # (then val_imgs is empty: the base is frozen)
+            last["val_block"] = held_out_block(self.model, *self.held_out)
+            tqdm.write(f"step {step}: held-out exact block (k={self.model.cfg.n_blockwise}) {last['val_block']:.3f}")
+        self.last_eval = time.time()
+
+    def summary(self) -> dict:
+        """The latest step, for the log and the progress bar."""
+        elapsed = time.time() - self.t_start
+        losses = self.losses
+        return {"step": self.step, "minutes": elapsed / 60, "lr": lr_at(self.step, self.cfg),
                 "bpd_train": losses[0].item() / math.log(2), "head_loss": losses[1].item(),
-                "imgs_per_s": imgs_seen / elapsed,
+                "imgs_per_s": self.imgs_seen / elapsed,
                 "per_head": None if losses[2] is None else losses[2].tolist()}
 
-    # on CUDA, deterministic mode swaps in slower kernels, and a short GPU run is never resumed
-    restore_determinism = deterministic_algorithms() if cfg.device == "cpu" else (lambda: None)
-    try:
-        while step < cfg.max_steps and not _should_stop(stop["flag"] or (time.time() - t_start) / 60 >= cfg.max_minutes, ddp, cfg.device):
-            epoch, i = divmod(step, per_epoch)
-            # data order is a pure function of (seed, epoch, step): resuming continues exactly
-            perm = np.random.default_rng([cfg.seed, epoch]).permutation(n)
-            idx = perm[(i * world + rank) * cfg.batch_size : (i * world + rank + 1) * cfg.batch_size]
-            src, tgt = to_device(to_tokens(train_lr[idx]), cfg.device), to_device(to_tokens(train_imgs[idx]), cfg.device)
-            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-            losses = train_step(loss_fn, opt, clip_parts, src, tgt, gen, step, cfg)
-            step += 1
-            steps_this_run += 1
-            imgs_seen += len(idx) * world
-            bar.update(1)
-            now = time.time()
-            want_eval = rank == 0 and now - last_eval > cfg.eval_minutes * 60
-            # reading a loss waits for the device to finish the step: on a GPU, doing so every step
-            # would stop the CPU from queueing the next one while the GPU works
-            if step % 10 == 0 or want_eval:
-                last = summary()
-                bar.set_postfix(bpd=f"{last['bpd_train']:.3f}", heads=f"{last['head_loss']:.2f}",
-                                ips=f"{last['imgs_per_s']:.2f}")
-            if want_eval:
-                if len(val_imgs):
-                    last["val_bpd"] = bits_per_dim(model, val_imgs, bf16=cfg.bf16, device=cfg.device)
-                    if last["val_bpd"] < best:  # kept apart: a long run on few faces can overfit
-                        best = last["val_bpd"]
-                        save_checkpoint(run_dir / "best.pt", model, opt, step, cfg, {"best_val_bpd": best})
-                    tqdm.write(f"step {step}: val bits/dim {last['val_bpd']:.4f}")
-                if held_out is not None:  # (then val_imgs is empty: the base is frozen)
-                    last["val_block"] = held_out_block(model, *held_out)
-                    tqdm.write(f"step {step}: held-out exact block (k={model.cfg.n_blockwise}) {last['val_block']:.3f}")
-                last_eval = time.time()
-            if rank == 0 and (step % 10 == 0 or want_eval):
-                _append_log(log_path, last)
-            if rank == 0 and now - last_ckpt > cfg.ckpt_minutes * 60:
-                save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
-                last_ckpt = time.time()
-    finally:
-        restore_determinism()
-        signal.signal(signal.SIGINT, old_handlers[0])
-        signal.signal(signal.SIGTERM, old_handlers[1])
-        bar.close()
-        if rank == 0 and steps_this_run:
-            save_checkpoint(ckpt_path, model, opt, step, cfg, {"best_val_bpd": best})
-        if losses is not None and last.get("step") != step:
+    def finish(self) -> None:
+        """However the steps ended: a checkpoint of the last step, the summary of it, and a heads
+        run's last score."""
+        rank = self.rank
+        self.bar.close()
+        if rank == 0 and self.steps_this_run:
+            save_checkpoint(self.ckpt_path, self.model, self.opt, self.step, self.cfg, {"best_val_bpd": self.best})
+        if self.losses is not None and self.last.get("step") != self.step:
             with contextlib.suppress(RuntimeError):  # after a device error: keep the first exception
-                last = summary()
+                self.last = self.summary()
         # after the save, so that it cannot lose it: every heads run ends with a score
-        if rank == 0 and steps_this_run and held_out is not None and "val_block" not in last:
-            last["val_block"] = held_out_block(model, *held_out)
-            _append_log(log_path, last)
-        if ddp:
+        if rank == 0 and self.steps_this_run and self.held_out is not None and "val_block" not in self.last:
+            self.last["val_block"] = held_out_block(self.model, *self.held_out)
+            _append_log(self.log_path, self.last)
+        if self.ddp:
             dist.destroy_process_group()
-    return {"step": step, "run_dir": str(run_dir), **{k: v for k, v in last.items() if k != "per_head"}}
 
 
 def to_device(x: np.ndarray | torch.Tensor, device) -> torch.Tensor:

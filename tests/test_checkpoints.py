@@ -108,8 +108,7 @@ def test_cards_name_no_folder_of_the_machine_that_made_them(tmp_path, monkeypatc
     import re
     from pathlib import Path
 
-    from sr_blockwise.checkpoints import WEIGHTS_DIR
-    from sr_blockwise.cli.export import portable_path
+    from sr_blockwise.checkpoints import WEIGHTS_DIR, portable_path
 
     for js in sorted(Path(WEIGHTS_DIR).glob("*.json")):
         assert not re.search(r'"(/|[A-Za-z]:\\)', js.read_text()), js.name

@@ -20,6 +20,8 @@ from conftest import two_faces
 from sr_blockwise import faces as F
 from sr_blockwise import upscale
 from sr_blockwise import cli
+# the run's own modules, where a test replaces what the run calls or reads an internal
+from sr_blockwise.batch import files as batch_files, plan as batch_plan, run as batch_run
 
 
 def main(args) -> int:
@@ -132,7 +134,7 @@ def test_interrupt_then_skip_existing(tmp_path, fast, capsys, monkeypatch, rng):
     # in the background by a non-interactive shell (then SIGINT is ignored from the start)
     handler_before = signal.getsignal(signal.SIGINT)
     # a Ctrl-C arrives during the first batch: that batch is finished, then the run stops
-    monkeypatch.setattr(upscale, "after_batch", lambda s: signal.raise_signal(signal.SIGINT))
+    monkeypatch.setattr(batch_run, "after_batch", lambda s: signal.raise_signal(signal.SIGINT))
     args = [str(src), "-o", str(out), "--metrics", str(met)] + fast
     assert main(args + ["--batch-size", "1"]) == 130
     assert "interrupted" in capsys.readouterr().out
@@ -141,7 +143,7 @@ def test_interrupt_then_skip_existing(tmp_path, fast, capsys, monkeypatch, rng):
     stamp = (out / "x1.png").stat().st_mtime_ns
     assert signal.getsignal(signal.SIGINT) is handler_before  # handler restored
 
-    monkeypatch.setattr(upscale, "after_batch", lambda s: None)
+    monkeypatch.setattr(batch_run, "after_batch", lambda s: None)
     assert [r[0] for r in dry_run(capsys, args + ["--skip-existing"])] == ["skip", "todo", "todo"]
     assert main(args + ["--skip-existing", "--batch-size", "2"]) == 0
     assert "done 2, skipped 1" in capsys.readouterr().out
@@ -163,13 +165,13 @@ def test_a_stop_finishes_the_photo_begun_and_its_faces_are_written_together(tmp_
     src.mkdir()
     two_faces().save(src / "pair.png")
     save(src / "z.png", tiny8(rng))
-    monkeypatch.setattr(upscale, "after_batch", lambda s: signal.raise_signal(signal.SIGINT))
+    monkeypatch.setattr(batch_run, "after_batch", lambda s: signal.raise_signal(signal.SIGINT))
     args = [str(src), "-o", str(out), "--faces", "all", "--metrics", str(met), "--batch-size", "1"] + fast
     assert main(args) == 130
     assert "done 1, skipped 0 (already there), failed 0, not processed 1" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png"]
     assert leftovers(tmp_path) == []
-    monkeypatch.setattr(upscale, "after_batch", lambda s: None)
+    monkeypatch.setattr(batch_run, "after_batch", lambda s: None)
     assert main(args + ["--skip-existing"]) == 0
     assert "done 1, skipped 1" in capsys.readouterr().out
     # a gap among a photo's face files: the rows of every face file there are kept on resume
@@ -194,23 +196,23 @@ def test_a_photo_whose_writing_fails_leaves_none_of_its_files(tmp_path, fast, ca
         if "_face0" in path.name:
             raise OSError(28, "No space left on device")
         real_save(img, path, ext)
-    monkeypatch.setattr(upscale, "save_atomic", fills_up)
+    monkeypatch.setattr(batch_run, "save_atomic", fills_up)
     args = [str(src), "-o", str(out), "--faces", "all", "--paste-back"] + fast
     assert main(args) == 1
     assert "writing failed: OSError" in capsys.readouterr().out
     assert (not out.exists() or list(out.iterdir()) == []) and leftovers(tmp_path) == []
-    monkeypatch.setattr(upscale, "save_atomic", real_save)
+    monkeypatch.setattr(batch_run, "save_atomic", real_save)
     assert main(args + ["--skip-existing"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png", "pair_pasted.png"]
     # a run over those results that fails the same way takes the earlier face 0 back too: left
     # there, it would make --skip-existing take the photo for done with its other faces gone
-    monkeypatch.setattr(upscale, "save_atomic", fills_up)
+    monkeypatch.setattr(batch_run, "save_atomic", fills_up)
     assert main(args) == 1
     assert list(out.iterdir()) == []
     # but a run that wrote nothing of the photo (its first write failed) leaves earlier files
-    monkeypatch.setattr(upscale, "save_atomic", real_save)
+    monkeypatch.setattr(batch_run, "save_atomic", real_save)
     assert main(args) == 0
-    monkeypatch.setattr(upscale, "save_atomic", lambda img, path, ext: (_ for _ in ()).throw(OSError(28, "full")))
+    monkeypatch.setattr(batch_run, "save_atomic", lambda img, path, ext: (_ for _ in ()).throw(OSError(28, "full")))
     assert main(args) == 1
     assert sorted(p.name for p in out.iterdir()) == ["pair_face0.png", "pair_face1.png", "pair_pasted.png"]
 
@@ -230,7 +232,7 @@ def test_a_photo_whose_batch_fails_is_not_decoded_further(tmp_path, fast, capsys
         if len(decoded) == 1:
             raise RuntimeError("out of memory (simulated)")
         return real(up, lrs, jobs, *a, **kw)
-    monkeypatch.setattr(upscale, "decode_batch", fails_first)
+    monkeypatch.setattr(batch_run, "decode_batch", fails_first)
     assert main([str(src), "-o", str(out), "--faces", "all", "--batch-size", "1"] + fast) == 1
     assert "decoding failed: RuntimeError" in capsys.readouterr().out
     assert decoded == ["a_pair.png", "b.png"]
@@ -260,9 +262,9 @@ def test_taking_back_a_failed_photo_never_removes_an_input(tmp_path, fast, capsy
 
     def plan_with_input_at_output(cfg):
         jobs, ignored, info = real_plan(cfg)
-        info["protected"] = info["protected"] | {upscale._resolve(out / "x.png")}
+        info["protected"] = info["protected"] | {batch_files._resolve(out / "x.png")}
         return jobs, ignored, info
-    monkeypatch.setattr(upscale, "plan", plan_with_input_at_output)
+    monkeypatch.setattr(batch_run, "plan", plan_with_input_at_output)
     assert main([str(src), "-o", str(out)] + fast) == 1
     assert "is an input file: not overwritten" in capsys.readouterr().out
     assert (out / "x.png").read_bytes() == before
@@ -277,7 +279,7 @@ def test_a_crashed_runs_metrics_say_it_did_not_finish(tmp_path, fast, monkeypatc
 
     def crash(s):
         raise RuntimeError("out of memory (injected)")
-    monkeypatch.setattr(upscale, "after_batch", crash)
+    monkeypatch.setattr(batch_run, "after_batch", crash)
     with pytest.raises(RuntimeError, match="injected"):
         main([str(src), "-o", str(tmp_path / "out"), "--metrics", str(tmp_path / "m.json"), "--batch-size", "1"] + fast)
     doc = json.loads((tmp_path / "m.json").read_text())
@@ -418,7 +420,7 @@ def test_the_suffix_ends_the_name_before_compare_and_pasted(tmp_path, fast, rng)
 ])
 @pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])  # a dry run refuses the same
 def test_bad_arguments_exit_2(tmp_path, tiny_weights, capsys, monkeypatch, rng, extra, message, dry_run):
-    monkeypatch.setattr(upscale, "decode_batch", lambda *a, **k: pytest.fail("decoded before refusing"))
+    monkeypatch.setattr(batch_run, "decode_batch", lambda *a, **k: pytest.fail("decoded before refusing"))
     save(tmp_path / "a" / "x.png", tiny8(rng))
     args = extra(tmp_path) + (["--dry-run"] if dry_run else [])
     assert main(args + ([] if "--weights" in args else ["--weights", tiny_weights])) == 2
@@ -659,7 +661,7 @@ def test_globs_match_as_glob_does_but_double_star_follows_no_folder_symlink(tmp_
     patterns = ["in/**/*.png", "in/**", "in/**/", "**/*.png", "in/*/", "in/**.png", "in/*/*.png",
                 "in/**/deep/*.png", "*/**/c.png", "in/sub/.*.png", str(tmp_path / "in" / "**" / "*.png")]
     for p in patterns:
-        assert upscale._glob(p) == sorted(Path(m) for m in globlib.glob(p, recursive=True)), p
+        assert batch_plan._glob(p) == sorted(Path(m) for m in globlib.glob(p, recursive=True)), p
     (tmp_path / "in" / "sub" / "up").symlink_to("..")  # a loop
     (tmp_path / "in" / "link").symlink_to("../other")
     out = tmp_path / "out"
@@ -699,7 +701,7 @@ def test_a_killed_runs_temporary_file_is_removed_by_the_next_run(tmp_path, fast,
     src, out = tmp_path / "in", tmp_path / "out"
     save(src / "a.png", tiny8(rng))
     out.mkdir()
-    child = ("import os, signal, sys; from pathlib import Path; from sr_blockwise.upscale import _temp_name; "
+    child = ("import os, signal, sys; from pathlib import Path; from sr_blockwise.batch.files import _temp_name; "
              "_temp_name(Path(sys.argv[1]) / 'a.png').write_bytes(b'half an image'); "
              "os.kill(os.getpid(), signal.SIGKILL)")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
@@ -707,9 +709,9 @@ def test_a_killed_runs_temporary_file_is_removed_by_the_next_run(tmp_path, fast,
     assert r.returncode == -signal.SIGKILL
     (killed,) = leftovers(out)
     dead_pid = killed.name.split("-")[1]
-    live = upscale._temp_name(out / "b.png")  # this process's: being written
+    live = batch_files._temp_name(out / "b.png")  # this process's: being written
     live.write_bytes(b"")
-    other_host = "0" * 8 if upscale._HOST != "0" * 8 else "1" * 8
+    other_host = "0" * 8 if batch_files._HOST != "0" * 8 else "1" * 8
     elsewhere = out / f".{other_host}-{dead_pid}-{'ab' * 6}.tmp"  # a dead pid, on another machine
     elsewhere.write_bytes(b"")
     # just killed: it might yet be a write in progress, of a process whose id is not seen here
@@ -769,10 +771,10 @@ def test_first_ctrl_c_stops_when_a_batch_fails_or_while_reading(tmp_path, tiny_w
                 signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C once
             raise exc
         return f
-    monkeypatch.setattr(upscale, "decode_batch", interrupted(RuntimeError("CUDA out of memory (simulated)")))
+    monkeypatch.setattr(batch_run, "decode_batch", interrupted(RuntimeError("CUDA out of memory (simulated)")))
     assert main(args) == 130 and len(calls) == 1
     calls.clear()
-    monkeypatch.setattr(upscale, "load_photo", interrupted(upscale.BadImage("not a readable image")))
+    monkeypatch.setattr(batch_run, "load_photo", interrupted(upscale.BadImage("not a readable image")))
     assert main(args) == 130 and len(calls) == 1
     assert "interrupted after 0 of 3 images" in capsys.readouterr().err
 

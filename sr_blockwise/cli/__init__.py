@@ -4,7 +4,7 @@ A command with a config dataclass (train.TrainConfig, evaluate.EvalConfig, upsca
 its options' destinations after the config's fields and builds the config from them, so the
 two cannot drift apart (tests compare the defaults). Train and evaluate (`config_from`) import
 neither torch nor the config's module to build their parser, so `sr-blockwise --help` stays
-fast; upscale (`sr_blockwise/cli_upscale.py`) reads its choices from its config module.
+fast; upscale (`sr_blockwise/cli/upscale.py`) reads its choices from its config module.
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ SUBCOMMAND_MODULES = [
     "sr_blockwise.cli.bench",  # bench-decode, bench-train
     "sr_blockwise.cli.trees",  # trees
     "sr_blockwise.cli.learning_curve",  # learning-curve
-    "sr_blockwise.cli_upscale",  # upscale
+    "sr_blockwise.cli.upscale",  # upscale
     "sr_blockwise.cli.evaluate",  # evaluate
     "apps.demo",  # demo
-    "apps.rating",  # rate build / serve / analyze
+    "sr_blockwise.cli.rate",  # rate build / serve / analyze
     "sr_blockwise.cli.train",  # train
 ]
 

@@ -6,28 +6,11 @@ import time
 from pathlib import Path
 
 
-def portable_path(path) -> str | None:
-    """A path as a weights card records it: relative to the current folder or to the home folder
-    where it lies below one, else its last two parts (a card names no folder of the machine that
-    made it)."""
-    if path is None:
-        return None
-    p = Path(path).expanduser()
-    if not p.is_absolute():
-        return str(path)
-    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
-        try:
-            return prefix + str(p.relative_to(base))
-        except ValueError:
-            pass
-    return str(Path(*p.parts[-2:]))
-
-
 def cmd_export(a):
     """Training checkpoint -> shipped weights, with held-out scores in the config."""
     import torch
 
-    from ..checkpoints import WEIGHTS_DIR, load_model, read_checkpoint, save_weights
+    from ..checkpoints import WEIGHTS_DIR, load_model, portable_path, read_checkpoint, save_weights
     from ..data import load_faces
     from ..train import CACHE_DIR, bits_per_dim
 

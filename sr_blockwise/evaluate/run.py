@@ -15,8 +15,8 @@ import torch
 from tqdm import tqdm
 
 from .. import metrics
-from ..checkpoints import load_model, read_card, read_checkpoint, resolve, sha256_of
-from ..cli.export import portable_path  # results name no folder of the machine that made them
+# portable_path: results name no folder of the machine that made them
+from ..checkpoints import load_model, portable_path, read_card, read_checkpoint, resolve, sha256_of
 from ..data import DEFAULT_DATA, downsample_8, load_faces, to_tokens
 from ..decoding import DecodeOptions, decode, exact_block_stats, greedy_uncached, pooled_block_hist
 from ..model import SEQ_LEN
@@ -166,162 +166,238 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
     """Run everything; returns (result for the JSON, samples for the image grid).
     on_progress(result): called with the partial result after every finished row, so a long run
     that dies still leaves its numbers."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    if cfg.dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {cfg.dtype!r}: use {', '.join(DTYPES)}")
-    if cfg.batch_size < 1:
-        raise ValueError(f"batch size must be >= 1, got {cfg.batch_size}")
-    for what, v in (("decode_exact", cfg.decode_exact), ("decode_approx", cfg.decode_approx)):
-        if v is not None and v < 1:
-            raise ValueError(f"{what} must be >= 1 image, got {v}")
-    modes = [parse_mode(m) for m in cfg.modes]
-    blockwise = [m for m in dict.fromkeys(modes) if m.name != "greedy"]
-    ks = sorted(set(int(k) for k in cfg.ks))
-    if any(k < 1 for k in ks):
-        raise ValueError(f"every k must be >= 1, got {ks}")
-    specs = [weights_spec(w) for w in cfg.weights]
-    if not specs:
-        raise ValueError("no weights to evaluate")
-    paths = [resolve(w) for w, _ in specs]  # fail early, before any decoding, on a bad name
-    names = [weights_name(p) for p in paths]
-    if len(set(names)) < len(names):  # rows are keyed by name: two would mix
-        raise ValueError(f"two weights go by the same name in {names}: give each once")
+    return Evaluation(cfg, on_progress).run()
 
-    # the held-out test split (a folder of photos without split labels: everything)
-    data_path = Path(cfg.data) if cfg.data else DEFAULT_DATA / "celeba32.npz"
-    faces = load_faces(data_path, progress=cfg.progress).part("test")
-    first = cfg.first
-    if not 0 <= first < len(faces):
-        raise ValueError(f"--first {first}: the test split of {data_path} has {len(faces)} faces (0..{len(faces) - 1})")
-    n = min(cfg.n_images, cfg.limit if cfg.limit is not None else cfg.n_images, len(faces) - first)
-    if n < 1:
-        raise ValueError(f"{data_path}: no test images to evaluate")
-    real = faces.images[first:first + n]
-    lr = downsample_8(real)
 
-    perceptual = None if cfg.perceptual == "none" else metrics.Perceptual(cfg.perceptual, cfg.device)
-    records, weights_info, skipped = [], [], []
-    result = {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "complete": False,
-        "created": None, "command": cfg.command(), "machine": machine_info(cfg.device),
-        "data": {"path": portable_path(data_path), "split": "test", "first": first, "n_images": n,
-                 "split_size": len(faces), "first_images": faces.names[first:first + 3],
-                 # a folder without CelebA partition labels: every face counts as a test face
-                 "labelled": bool((np.asarray(faces.split) >= 0).any())},
-        "settings": {"ks": ks, "modes": [m.name for m in modes], "batch_size": cfg.batch_size,
-                     "dtype": cfg.dtype, "device": cfg.device, "psnr": dict(metrics.PSNR_SETTINGS),
-                     "ssim": dict(metrics.SSIM_SETTINGS),
-                     "perceptual": perceptual.describe() if perceptual else None,
-                     "uncached_prefix_tokens": cfg.uncached_prefix,
-                     "bits_per_dim": "fp32 forward, p1 logits, over the evaluated images",
-                     "seconds_per_image": "decode wall time of each batch summed, / images",
-                     "exact_reference": "the same weights' greedy output (exact mode must equal it)",
-                     "decode_exact": cfg.decode_exact, "decode_approx": cfg.decode_approx,
-                     "prior_weight": cfg.prior_weight},
-        "weights": weights_info,
-        "paper": {"table2": {f"{v}, {m}": {str(k): x for k, x in t.items()} for (v, m), t in PAPER_TABLE2.items()},
-                  "peak_speedup": PAPER_PEAK},
-        "skipped": skipped,
-        "records": records,
-        "summary": None,
-    }
+class Evaluation:
+    """One evaluation run, in phases: the settings checked, the test faces read, the baseline rows,
+    the work planned, every decode (phase 1), then each weights' rows from those decodes (phase 2)."""
 
-    def progress():
-        if on_progress is not None:
-            result["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            on_progress(result)
-    G = min(cfg.grid_images, n, cfg.decode_exact or n, cfg.decode_approx or n)  # faces every row decodes
-    samples = {"lr": lr[:G], "real": real[:G], "models": {}}
+    def __init__(self, cfg: EvalConfig, on_progress=None):
+        self.cfg, self.on_progress = cfg, on_progress
+        self.records, self.weights_info, self.skipped = [], [], []
 
-    # the no-model baseline rows (bicubic is also a grid column)
-    for method, upscale, note in (
-            ("bicubic", metrics.bicubic_baseline, "Pillow bicubic resize of the 8x8 input to 32x32"),
-            ("nearest", metrics.nearest_baseline, "nearest-neighbour upscaling: each 8x8 input pixel as a 4x4 block")):
-        out, secs = upscale(lr)
-        samples[method] = out[:G]
-        records.append(new_record(method=method, mode=method, n_images=n, seconds_per_image=secs / n,
-                                  timing="measured", **quality(real, None, out, perceptual), notes=[note]))
+    def run(self) -> tuple[dict, dict]:
+        cfg = self.cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.check()
+        self.read_faces()
+        self.perceptual = None if cfg.perceptual == "none" else metrics.Perceptual(cfg.perceptual, cfg.device)
+        self.result = self.new_result()
+        n = self.n
+        self.G = min(cfg.grid_images, n, cfg.decode_exact or n, cfg.decode_approx or n)  # faces every row decodes
+        self.samples = {"lr": self.lr[:self.G], "real": self.real[:self.G], "models": {}}
+        self.baselines()
+        self.plan_work()
+        self.bar = tqdm(total=self.total, unit="img", disable=not cfg.progress, dynamic_ncols=True)
+        self.decode_all()
+        for path, forced, card, jobs in self.plan:
+            self.weights_rows(path, forced, card, jobs)
+        self.bar.close()
+        result = self.result
+        result["machine"]["load_average_end"] = _loadavg()
+        result["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        result["complete"] = True
+        result["summary"] = summarize(result)
+        return result, self.samples
 
-    # the work list, for one progress bar over all decodes
-    plan = []
-    for (spec, forced), path in zip(specs, paths):
-        card = read_card(path) if path.suffix == ".json" else {"config": read_checkpoint(path)["model_config"],
-                                                               "meta": {}}
-        K = card["config"].get("n_blockwise", 1)
-        jobs = []
-        for k in ks:
-            for m in blockwise:
-                if k > K:
-                    skipped.append(f"{weights_name(path)}: k={k} {m.name}: the weights have {K} heads")
-                elif m.min_block > k:
-                    skipped.append(f"{weights_name(path)}: k={k} {m.name}: min-block larger than k")
-                else:
-                    jobs.append((k, m))
-        plan.append((path, forced, card, jobs))
-    if blockwise and not any(jobs for *_, jobs in plan):  # no blockwise row at all: refused, not an empty table
-        raise ValueError("no mode and k to decode: " + "; ".join(skipped[:4]) + ("; ..." if len(skipped) > 4 else ""))
-    n_exact = n if cfg.decode_exact is None else min(n, cfg.decode_exact)
-    n_approx = n if cfg.decode_approx is None else min(n, cfg.decode_approx)
-    total = sum(n + sum(n_exact if m.options(k).is_exact else n_approx for k, m in jobs) for *_, jobs in plan)
-    w = cfg.prior_weight
-    bar = tqdm(total=total, unit="img", disable=not cfg.progress, dynamic_ncols=True)
+    def progress(self) -> None:
+        if self.on_progress is not None:
+            self.result["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self.on_progress(self.result)
 
-    # Phase 1, the decodes, batch by batch: each batch of faces is decoded greedily and then in
-    # every mode before the next batch starts, so every speed ratio compares decodes made in the
-    # same minutes, also when a resumed run (--resume) spans several sittings.
-    sitting = (f"{platform.node()} pid {os.getpid()} {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
-               f" #{uuid.uuid4().hex[:6]}")
-    store = DecodeStore(cfg.cache_dir, cfg.resume, sitting)
-    models, runs = {}, {}
-    for path, forced, card, jobs in plan:
-        name = weights_name(path)
-        bar.set_description(f"{name}: loading")
-        model = load_model(path, dtype=DTYPES[cfg.dtype], device=cfg.device)
-        # warm-up (not timed): a short oracle decode runs every kernel the timed decodes will
-        kw = max([k for k, _ in jobs], default=1)
-        decode(model, lr[:1], DecodeOptions(k=kw, rule="oracle", prior_weight=w))
-        models[name] = (model, card.get("sha256") or sha256_of(path))
-        runs[name] = {"greedy": []} | {(k, m): [] for k, m in jobs}
-    for i in range(0, n, cfg.batch_size):
-        for path, forced, card, jobs in plan:
+    # ------------------------------------------------ settings, faces, the result begun
+
+    def check(self) -> None:
+        """The settings refused before any work, the weights found (a bad name fails here)."""
+        cfg = self.cfg
+        if cfg.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {cfg.dtype!r}: use {', '.join(DTYPES)}")
+        if cfg.batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {cfg.batch_size}")
+        for what, v in (("decode_exact", cfg.decode_exact), ("decode_approx", cfg.decode_approx)):
+            if v is not None and v < 1:
+                raise ValueError(f"{what} must be >= 1 image, got {v}")
+        self.modes = [parse_mode(m) for m in cfg.modes]
+        self.blockwise = [m for m in dict.fromkeys(self.modes) if m.name != "greedy"]
+        self.ks = sorted(set(int(k) for k in cfg.ks))
+        if any(k < 1 for k in self.ks):
+            raise ValueError(f"every k must be >= 1, got {self.ks}")
+        self.specs = [weights_spec(w) for w in cfg.weights]
+        if not self.specs:
+            raise ValueError("no weights to evaluate")
+        self.paths = [resolve(w) for w, _ in self.specs]  # fail early, before any decoding, on a bad name
+        names = [weights_name(p) for p in self.paths]
+        if len(set(names)) < len(names):  # rows are keyed by name: two would mix
+            raise ValueError(f"two weights go by the same name in {names}: give each once")
+
+    def read_faces(self) -> None:
+        """The held-out test split (a folder of photos without split labels: everything)."""
+        cfg = self.cfg
+        self.data_path = Path(cfg.data) if cfg.data else DEFAULT_DATA / "celeba32.npz"
+        self.faces = faces = load_faces(self.data_path, progress=cfg.progress).part("test")
+        first = cfg.first
+        if not 0 <= first < len(faces):
+            raise ValueError(f"--first {first}: the test split of {self.data_path} has {len(faces)} faces "
+                             f"(0..{len(faces) - 1})")
+        self.n = n = min(cfg.n_images, cfg.limit if cfg.limit is not None else cfg.n_images, len(faces) - first)
+        if n < 1:
+            raise ValueError(f"{self.data_path}: no test images to evaluate")
+        self.real = faces.images[first:first + n]
+        self.lr = downsample_8(self.real)
+
+    def new_result(self) -> dict:
+        """The result as the JSON holds it, before any row."""
+        cfg, faces, first, n, perceptual = self.cfg, self.faces, self.cfg.first, self.n, self.perceptual
+        return {
+            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "complete": False,
+            "created": None, "command": cfg.command(), "machine": machine_info(cfg.device),
+            "data": {"path": portable_path(self.data_path), "split": "test", "first": first, "n_images": n,
+                     "split_size": len(faces), "first_images": faces.names[first:first + 3],
+                     # a folder without CelebA partition labels: every face counts as a test face
+                     "labelled": bool((np.asarray(faces.split) >= 0).any())},
+            "settings": {"ks": self.ks, "modes": [m.name for m in self.modes], "batch_size": cfg.batch_size,
+                         "dtype": cfg.dtype, "device": cfg.device, "psnr": dict(metrics.PSNR_SETTINGS),
+                         "ssim": dict(metrics.SSIM_SETTINGS),
+                         "perceptual": perceptual.describe() if perceptual else None,
+                         "uncached_prefix_tokens": cfg.uncached_prefix,
+                         "bits_per_dim": "fp32 forward, p1 logits, over the evaluated images",
+                         "seconds_per_image": "decode wall time of each batch summed, / images",
+                         "exact_reference": "the same weights' greedy output (exact mode must equal it)",
+                         "decode_exact": cfg.decode_exact, "decode_approx": cfg.decode_approx,
+                         "prior_weight": cfg.prior_weight},
+            "weights": self.weights_info,
+            "paper": {"table2": {f"{v}, {m}": {str(k): x for k, x in t.items()} for (v, m), t in PAPER_TABLE2.items()},
+                      "peak_speedup": PAPER_PEAK},
+            "skipped": self.skipped,
+            "records": self.records,
+            "summary": None,
+        }
+
+    def baselines(self) -> None:
+        """The no-model baseline rows (bicubic is also a grid column)."""
+        n, lr, real = self.n, self.lr, self.real
+        for method, upscale, note in (
+                ("bicubic", metrics.bicubic_baseline, "Pillow bicubic resize of the 8x8 input to 32x32"),
+                ("nearest", metrics.nearest_baseline, "nearest-neighbour upscaling: each 8x8 input pixel as a 4x4 block")):
+            out, secs = upscale(lr)
+            self.samples[method] = out[:self.G]
+            self.records.append(new_record(method=method, mode=method, n_images=n, seconds_per_image=secs / n,
+                                           timing="measured", **quality(real, None, out, self.perceptual),
+                                           notes=[note]))
+
+    def plan_work(self) -> None:
+        """The work list, for one progress bar over all decodes: each weights' (k, mode) jobs,
+        those its heads cannot run listed as skipped."""
+        cfg, n, plan = self.cfg, self.n, []
+        for (spec, forced), path in zip(self.specs, self.paths):
+            card = read_card(path) if path.suffix == ".json" else {"config": read_checkpoint(path)["model_config"],
+                                                                   "meta": {}}
+            K = card["config"].get("n_blockwise", 1)
+            jobs = []
+            for k in self.ks:
+                for m in self.blockwise:
+                    if k > K:
+                        self.skipped.append(f"{weights_name(path)}: k={k} {m.name}: the weights have {K} heads")
+                    elif m.min_block > k:
+                        self.skipped.append(f"{weights_name(path)}: k={k} {m.name}: min-block larger than k")
+                    else:
+                        jobs.append((k, m))
+            plan.append((path, forced, card, jobs))
+        if self.blockwise and not any(jobs for *_, jobs in plan):  # no blockwise row at all: refused, not an empty table
+            raise ValueError("no mode and k to decode: " + "; ".join(self.skipped[:4])
+                             + ("; ..." if len(self.skipped) > 4 else ""))
+        self.plan = plan
+        self.n_exact = n if cfg.decode_exact is None else min(n, cfg.decode_exact)
+        self.n_approx = n if cfg.decode_approx is None else min(n, cfg.decode_approx)
+        self.total = sum(n + sum(self.decoded(k, m) for k, m in jobs) for *_, jobs in plan)
+
+    def decoded(self, k: int, m: Mode) -> int:
+        """How many faces a (k, mode) decodes: --decode-exact / --decode-approx limit them."""
+        return self.n_exact if m.options(k).is_exact else self.n_approx
+
+    # ------------------------------------------------ phase 1: the decodes
+
+    def decode_all(self) -> None:
+        """The decodes, batch by batch: each batch of faces is decoded greedily and then in every
+        mode before the next batch starts, so every speed ratio compares decodes made in the same
+        minutes, also when a resumed run (--resume) spans several sittings."""
+        cfg, n, w, bar = self.cfg, self.n, self.cfg.prior_weight, self.bar
+        sitting = (f"{platform.node()} pid {os.getpid()} {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
+                   f" #{uuid.uuid4().hex[:6]}")
+        store = DecodeStore(cfg.cache_dir, cfg.resume, sitting)
+        self.models, self.runs = {}, {}
+        for path, forced, card, jobs in self.plan:
             name = weights_name(path)
-            model, sha = models[name]
-            todo = [("greedy", "greedy", DecodeOptions(k=1, prior_weight=w), n)] + [
-                ((k, m), f"k={k} {m.name}", m.options(k, w), n_exact if m.options(k).is_exact else n_approx)
-                for k, m in jobs]
-            # modes limited by --decode-exact / --decode-approx decode only their first nd faces
-            todo = [(job, label, opts, lr[i:min(i + cfg.batch_size, nd)]) for job, label, opts, nd in todo if i < nd]
-            keys = [store.key(sha, label, opts, cfg.dtype, cfg.device, x) for _, label, opts, x in todo]
-            group = store.load_group(keys)
-            for j, ((job, label, opts, x), key) in enumerate(zip(todo, keys)):
-                if group is None:
-                    bar.set_description(f"{name}: {label}")
-                runs[name][job].append(group[j] if group is not None else store.decode(model, x, opts, key))
-                bar.update(len(x))
-    result["settings"]["decode_store"] = {"dir": cfg.cache_dir, "resume": cfg.resume,
-                                          "batches_reused": store.reused, "sittings": store.sittings}
+            bar.set_description(f"{name}: loading")
+            model = load_model(path, dtype=DTYPES[cfg.dtype], device=cfg.device)
+            # warm-up (not timed): a short oracle decode runs every kernel the timed decodes will
+            kw = max([k for k, _ in jobs], default=1)
+            decode(model, self.lr[:1], DecodeOptions(k=kw, rule="oracle", prior_weight=w))
+            self.models[name] = (model, card.get("sha256") or sha256_of(path))
+            self.runs[name] = {"greedy": []} | {(k, m): [] for k, m in jobs}
+        for i in range(0, n, cfg.batch_size):
+            for path, forced, card, jobs in self.plan:
+                name = weights_name(path)
+                model, sha = self.models[name]
+                todo = [("greedy", "greedy", DecodeOptions(k=1, prior_weight=w), n)] + [
+                    ((k, m), f"k={k} {m.name}", m.options(k, w), self.decoded(k, m)) for k, m in jobs]
+                # modes limited by --decode-exact / --decode-approx decode only their first nd faces
+                todo = [(job, label, opts, self.lr[i:min(i + cfg.batch_size, nd)])
+                        for job, label, opts, nd in todo if i < nd]
+                keys = [store.key(sha, label, opts, cfg.dtype, cfg.device, x) for _, label, opts, x in todo]
+                group = store.load_group(keys)
+                for j, ((job, label, opts, x), key) in enumerate(zip(todo, keys)):
+                    if group is None:
+                        bar.set_description(f"{name}: {label}")
+                    self.runs[name][job].append(group[j] if group is not None else store.decode(model, x, opts, key))
+                    bar.update(len(x))
+        self.result["settings"]["decode_store"] = {"dir": cfg.cache_dir, "resume": cfg.resume,
+                                                   "batches_reused": store.reused, "sittings": store.sittings}
 
-    # Phase 2: the rows, from the decodes (and the cheap measurements that need no decoding)
-    for path, forced, card, jobs in plan:
+    # ------------------------------------------------ phase 2: the rows
+
+    def weights_rows(self, path: Path, forced, card: dict, jobs: list) -> None:
+        """One weights' rows from its decodes (and the cheap measurements that need no decoding),
+        then its bits/dim on every row."""
         name = weights_name(path)
         variant = forced or infer_variant(name, card.get("meta", {}))
-        model = models[name][0]
+        model = self.models[name][0]
+        g = join_batches(self.runs[name]["greedy"])
+        greedy, unc = self.greedy_rows(name, variant, model, g)
+        replay = self.replay(name, model, g, jobs)
+        self.blockwise_rows(name, variant, jobs, g, greedy, replay, unc["seconds_batch"] / unc["batch"])
+        # bits/dim of the real faces, in fp32 so the score does not depend on --dtype
+        self.bar.set_description(f"{name}: bits/dim")
+        del model, self.models[name]
+        model32 = load_model(path, dtype=torch.float32, device=self.cfg.device)
+        from ..train import bits_per_dim
+        bpd = bits_per_dim(model32, self.real, batch_size=8, bf16=False, device=self.cfg.device)
+        del model32
+        for rec in self.records:
+            if rec["weights"] == name:
+                rec["bits_per_dim"] = bpd
+        self.weights_info.append({"name": name, "path": portable_path(path), "variant": variant,
+                                  "config": card["config"], "meta": card.get("meta", {}), "bits_per_dim": bpd,
+                                  "uncached_timing": unc})
 
-        # greedy with the KV cache first: the reference for speed, identity and quality
-        g = join_batches(runs[name]["greedy"])
+    def greedy_rows(self, name: str, variant: str, model, g: dict) -> tuple[dict, dict]:
+        """Greedy with the KV cache first, the reference for speed, identity and quality; then
+        greedy without a KV cache, as the paper's reference code runs (timed on one batch).
+        Returns (the greedy reference, the uncached timing)."""
+        cfg, n, real = self.cfg, self.n, self.real
         grec = _decode_record(name, variant, Mode("greedy"), 1, g, None, real)
         grec.update(speedup_vs_greedy=1.0, call_reduction=1.0, cost_per_call_vs_greedy=1.0,
                     identical_to_greedy=1.0, tokens_identical_to_greedy=1.0)
-        grec.update(quality(real, g["images"], g["images"], perceptual))
+        grec.update(quality(real, g["images"], g["images"], self.perceptual))
         greedy = {**grec, "_images": g["images"]}
-        samples["models"][name] = {"greedy": g["images"][:G]}
+        self.samples["models"][name] = {"greedy": g["images"][:self.G]}
 
-        # greedy without a KV cache, as the paper's reference code runs (timed on one batch)
-        bar.set_description(f"{name}: greedy, no KV cache")
+        self.bar.set_description(f"{name}: greedy, no KV cache")
         b = min(cfg.batch_size, n)
-        unc = time_uncached_greedy(model, lr[:b], g["images"][:b], cfg.uncached_prefix, cfg.device,
-                                   prior_weight=w)
+        unc = time_uncached_greedy(model, self.lr[:b], g["images"][:b], cfg.uncached_prefix, cfg.device,
+                                   prior_weight=cfg.prior_weight)
         u_spi = unc["seconds_batch"] / b
         urec = new_record(weights=name, variant=variant, method="greedy-uncached", mode="greedy-uncached", k=1,
                           rule="exact", eps=0, top_k=1, min_block=1, exact_by_construction=True, n_images=b,
@@ -339,53 +415,40 @@ def run_evaluation(cfg: EvalConfig, on_progress=None) -> tuple[dict, dict]:
         urec.update(ratios_to_greedy(u_spi, SEQ_LEN, grec["seconds_per_image"], grec["calls_per_image"]))
         grec["speedup_vs_uncached_greedy"] = u_spi / grec["seconds_per_image"]
         urec["speedup_vs_uncached_greedy"] = 1.0
-        records += [grec, urec]
-        progress()
+        self.records += [grec, urec]
+        self.progress()
+        return greedy, unc
 
-        # exact-heads modes' blocks for all images and every k from one teacher-forced pass over the
-        # greedy output (cheap); checked against the real decodes of the first n_exact images
+    def replay(self, name: str, model, g: dict, jobs: list) -> dict:
+        """Exact-heads modes' blocks for all images and every k from one teacher-forced pass over
+        the greedy output (cheap); checked against the real decodes of the first n_exact images."""
         ks_exact = sorted({k for k, m in jobs if replayable(m.options(k))})
         replay = {k: [] for k in ks_exact}
         if ks_exact:
-            bar.set_description(f"{name}: exact-mode replay")
-            for i in range(0, n, 32):
-                for k, st in exact_block_stats(model, lr[i:i + 32], g["images"][i:i + 32], ks_exact,
-                                               prior_weight=w).items():
+            self.bar.set_description(f"{name}: exact-mode replay")
+            for i in range(0, self.n, 32):
+                for k, st in exact_block_stats(model, self.lr[i:i + 32], g["images"][i:i + 32], ks_exact,
+                                               prior_weight=self.cfg.prior_weight).items():
                     replay[k] += st
+        return replay
 
-        # the blockwise decodes
+    def blockwise_rows(self, name: str, variant: str, jobs: list, g: dict, greedy: dict, replay: dict,
+                       u_spi: float) -> None:
+        """A row per (k, mode) decoded; u_spi: uncached greedy's seconds per image."""
+        real = self.real
         for k, m in jobs:
-            nd = n_exact if m.options(k).is_exact else n_approx
-            r = join_batches(runs[name][(k, m)])
+            nd = self.decoded(k, m)
+            r = join_batches(self.runs[name][(k, m)])
             rec = _decode_record(name, variant, m, k, r, greedy, real)
-            rec.update(quality(real[:nd], g["images"][:nd], r["images"], perceptual))
+            rec.update(quality(real[:nd], g["images"][:nd], r["images"], self.perceptual))
             if replayable(m.options(k)):
                 _use_replay(rec, replay[k], r["stats"], greedy)
             rec["speedup_vs_uncached_greedy"] = u_spi / rec["seconds_per_image"]
             if rec["exact_by_construction"] and rec["identical_to_greedy"] < 1:
                 rec["notes"].append("NOT identical to greedy although the mode promises it")
-            records.append(rec)
-            samples["models"][name][(k, m.name)] = r["images"][:G]
-            progress()
-
-        # bits/dim of the real faces, in fp32 so the score does not depend on --dtype
-        bar.set_description(f"{name}: bits/dim")
-        del model, models[name]
-        model32 = load_model(path, dtype=torch.float32, device=cfg.device)
-        from ..train import bits_per_dim
-        bpd = bits_per_dim(model32, real, batch_size=8, bf16=False, device=cfg.device)
-        del model32
-        for rec in records:
-            if rec["weights"] == name:
-                rec["bits_per_dim"] = bpd
-        weights_info.append({"name": name, "path": portable_path(path), "variant": variant, "config": card["config"],
-                             "meta": card.get("meta", {}), "bits_per_dim": bpd, "uncached_timing": unc})
-    bar.close()
-    result["machine"]["load_average_end"] = _loadavg()
-    result["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    result["complete"] = True
-    result["summary"] = summarize(result)
-    return result, samples
+            self.records.append(rec)
+            self.samples["models"][name][(k, m.name)] = r["images"][:self.G]
+            self.progress()
 
 
 def evaluate(cfg: EvalConfig) -> dict:

@@ -4,14 +4,16 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from .api import DEFAULT_DTYPE, DTYPES, dtype_name
-from .upscale import FACES, NO_FACE, SAVE_ARGS, Config, run
+from ..api import DEFAULT_DTYPE, DTYPES, dtype_name
+from ..batch.files import SAVE_ARGS
+from ..batch.plan import FACES, NO_FACE, Config
+from ..batch.run import run
 
 
 def decode_mode(name: str) -> str:
     """--mode: one of sr_blockwise.decoding.MODES. Checked here rather than with `choices=`, which
     would import the decoder (and torch) whenever the parser is built, e.g. for `sr-blockwise --help`."""
-    from .decoding import MODES
+    from ..decoding import MODES
     if name not in MODES:
         raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(MODES)})")
     return name
