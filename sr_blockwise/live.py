@@ -53,22 +53,22 @@ class Prepared:
 PHOTO_CACHE = 8  # photos whose faces are kept: the page's preview and its upscale detect once
 
 
-def read_photo(path: str | Path) -> PhotoFaces:
-    """An uploaded file -> its faces (detected, largest first), the last PHOTO_CACHE photos' by
-    their bytes remembered. Raises BadImage with a message naming the file (never the server's
-    temp path)."""
+def read_photo(path: str | Path, which: str = "all") -> PhotoFaces:
+    """An uploaded file -> its faces (detected, largest first; which="largest": the largest
+    alone, found sooner), the last PHOTO_CACHE photos' by their bytes remembered. Raises BadImage
+    with a message naming the file (never the server's temp path)."""
     import dataclasses
     import hashlib
     name = Path(path).name
     try:
-        key = hashlib.sha1(Path(path).read_bytes()).hexdigest()
+        key = which + ":" + hashlib.sha1(Path(path).read_bytes()).hexdigest()
     except OSError:  # open_rgb says why
         key = None
     with _photo_lock:
         hit = _photos.get(key)
     if hit is not None:
         return dataclasses.replace(hit, name=name)
-    photo = _read_photo(path, name)
+    photo = _read_photo(path, name, which)
     if key is not None:
         with _photo_lock:
             _photos[key] = photo
@@ -81,7 +81,7 @@ _photos: dict[str, PhotoFaces] = {}
 _photo_lock = threading.Lock()
 
 
-def _read_photo(path: str | Path, name: str) -> PhotoFaces:
+def _read_photo(path: str | Path, name: str, which: str) -> PhotoFaces:
     try:
         img = open_rgb(str(path))
     except BadImage as e:
@@ -90,7 +90,7 @@ def _read_photo(path: str | Path, name: str) -> PhotoFaces:
     if size in ((8, 8), (32, 32)):
         return PhotoFaces(img, name, size, [], "used as it is")
     from . import faces as F
-    found, note = F.faces_of(img, "all", if_none="skip")
+    found, note = F.faces_of(img, which, if_none="skip")
     return PhotoFaces(img, name, size, found, note)
 
 

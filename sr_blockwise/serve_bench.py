@@ -11,7 +11,6 @@ bytes every time.
 """
 from __future__ import annotations
 
-import base64
 import io
 import json
 import os
@@ -23,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 API = "/api/v1"

@@ -53,6 +53,11 @@ def png_base64(img: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def largest_only(choice: str) -> bool:
+    """Whether a face choice needs the largest face alone: the search for it stops sooner."""
+    return (choice or "").strip().lower() in ("", "largest", "1")
+
+
 class Upscaling:
     """The API's work, apart from HTTP: a photo's bytes and Params -> the response's JSON."""
 
@@ -85,11 +90,12 @@ class Upscaling:
         from .data import BadImage
         from .live import prepare_photo, read_photo
         name = Path(filename or "upload").name or "upload"
+        which = "largest" if largest_only(choice) else "all"
         with tempfile.TemporaryDirectory(prefix="sr-blockwise-api-") as d, self._detect:
             path = Path(d) / name
             path.write_bytes(data)
             try:
-                photo = read_photo(path)
+                photo = read_photo(path, which)
             except BadImage as e:
                 raise ApiError(415, str(e)) from None
         c = (choice or "").strip().lower()
@@ -145,7 +151,9 @@ class Upscaling:
             face = pr.info.get("face")
             faces.append({"face": face if isinstance(face, dict) else None, "note": pr.note, "outputs": outputs})
         body = {"weights": self.weights_name, "input": {"file": photo.name, "size": list(photo.size),
-                                                        "faces_found": len(photo.faces)},
+                                                        "faces_found": len(photo.faces),
+                                                        "searched_for": "the largest face" if largest_only(p.face)
+                                                        else "every face"},
                 "match_input": p.match_input, "faces": faces}
         if p.paste_back:
             body["pasted_back"] = self.pasted(photo, prepared, results, next(iter(opts)))

@@ -218,3 +218,22 @@ def test_api_too_large_and_queue_full(model):
     finally:
         stop()
         service.close()
+
+
+def test_bench_serve_against_a_running_server(demo_server, tmp_path, capsys):
+    from sr_blockwise.cli import main
+    from sr_blockwise.serve_bench import fresh_bytes
+    two_faces().save(tmp_path / "pair.png")
+    two_faces().save(tmp_path / "pair.jpg", quality=90)
+    for f in ("pair.png", "pair.jpg"):  # new bytes, the same pixels
+        data = (tmp_path / f).read_bytes()
+        again = fresh_bytes(data, "tag")
+        assert again != data
+        assert (np.asarray(Image.open(io.BytesIO(again))) == np.asarray(Image.open(io.BytesIO(data)))).all()
+    out = tmp_path / "bench.json"
+    assert main(["bench-serve", "--url", demo_server.removesuffix(API_PATH), "--clients", "1,3", "--seconds", "1",
+                 "--photo", str(tmp_path / "pair.png"), "--eps", "8", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["clients"] for r in rows] == [1, 3]
+    assert all(r["served"] >= 1 and r["errors"] == r["wrong"] == 0 and r["peak_rss_mb"] > 0 for r in rows)
+    assert "| url | 3 |" in capsys.readouterr().out
