@@ -3,8 +3,10 @@ approximate blockwise decoding side by side.
 
 This file only wires Gradio: the weights load through sr_blockwise.api.Upscaler; a photo's faces
 (found and aligned to the training framing, or boxed by hand by two clicks on the photo) and live
-decoding come from sr_blockwise.live, the batch command's and the API's faces and decoder. The
-page is fully offline: no analytics, fonts or assets from the internet.
+decoding come from sr_blockwise.live, the batch command's and the API's faces and decoder; the
+decodes of many users at once share sr_blockwise.serve's decode service, which the HTTP API
+(sr_blockwise.webapi, mounted on the same server) uses too. The page is fully offline: no
+analytics, fonts or assets from the internet.
 """
 import os
 from collections import Counter

@@ -146,6 +146,7 @@ class DecodeService:
 
     def info(self) -> dict:
         with self._cond:
+            self._drop_cancelled()
             return {"waiting": len(self._waiting), "max_waiting": self.max_waiting, "max_batch": self.max_batch,
                     "served": self.served, "rounds": self.rounds, "refused": self.refused,
                     "face_seconds": round(self._face_seconds, 3)}

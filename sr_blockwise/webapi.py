@@ -10,6 +10,7 @@ No `from __future__ import annotations` here: FastAPI reads the endpoints' annot
 types are imported inside make_api.
 """
 import base64
+import dataclasses
 import io
 import tempfile
 import threading
@@ -115,6 +116,10 @@ class Upscaling:
         """The options by mode, the faces to decode (live.Prepared each) and the photo read."""
         opts = self.options(p)  # before detection: a bad option costs nothing
         prepared, photo = self.faces(data, filename, p.face)
+        if not p.paste_back:  # a request waiting to decode keeps its 8x8s, not its photo: memory stays bounded
+            photo = dataclasses.replace(photo, image=None)
+            for pr in prepared:
+                pr.photo = None
         return opts, prepared, photo
 
     def submit(self, opts: dict, prepared: list) -> list:
@@ -203,12 +208,7 @@ def make_api(upscaling: Upscaling, upload_mb: int = UPLOAD_MB, serial: bool = Fa
 
     limit = upload_mb * 2**20
 
-    @app.middleware("http")
-    async def too_large(request: Request, call_next):  # before the upload is read and spooled
-        size = request.headers.get("content-length", "")
-        if size.isdigit() and int(size) > limit + 2**16:  # the form's other fields: a little over
-            return JSONResponse({"error": f"upload over {upload_mb} MB"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(RefuseLarge, limit=limit + 2**16, message=f"upload over {upload_mb} MB")
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
@@ -268,6 +268,23 @@ def make_api(upscaling: Upscaling, upload_mb: int = UPLOAD_MB, serial: bool = Fa
         return {**upscaling.service.info(), **memory(os.getpid())}
 
     return app
+
+
+class RefuseLarge:
+    """ASGI middleware: 413 for a request whose Content-Length passes limit, before its upload is
+    read and spooled. Plain ASGI, not Starlette's BaseHTTPMiddleware, under which an endpoint
+    cannot see its client leave."""
+
+    def __init__(self, app, limit: int, message: str):
+        self.app, self.limit, self.message = app, limit, message
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            size = dict(scope["headers"]).get(b"content-length", b"")
+            if size.isdigit() and int(size) > self.limit:
+                from fastapi.responses import JSONResponse
+                return await JSONResponse({"error": self.message}, status_code=413)(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 def memory(pid: int) -> dict:

@@ -237,3 +237,36 @@ def test_bench_serve_against_a_running_server(demo_server, tmp_path, capsys):
     assert [r["clients"] for r in rows] == [1, 3]
     assert all(r["served"] >= 1 and r["errors"] == r["wrong"] == 0 and r["peak_rss_mb"] > 0 for r in rows)
     assert "| url | 3 |" in capsys.readouterr().out
+
+
+def test_a_client_that_leaves_frees_its_place(model, rng):
+    """The worker held inside a round: a request's faces wait; its client hangs up; they leave the queue."""
+    service = DecodeService(model, max_waiting=8, progress_every=1)
+    held, release = threading.Event(), threading.Event()
+
+    def hold(frame):
+        held.set()
+        release.wait(60)
+    first = service.submit(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), options_for("exact", 2, 0), hold)
+    assert held.wait(60)
+    url, stop = serve_api(make_api(Upscaling(model, service)))
+    try:
+        b = uuid.uuid4().hex  # a client that sends its request, waits a second and hangs up
+        body = (f'--{b}\r\nContent-Disposition: form-data; name="image"; filename="face.png"\r\n\r\n'.encode()
+                + png(Image.new("RGB", (8, 8))) + f"\r\n--{b}--\r\n".encode())
+        conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=1)
+        conn.request("POST", "/upscale", body, {"Content-Type": f"multipart/form-data; boundary={b}"})
+        with pytest.raises(OSError):
+            conn.getresponse()
+        conn.close()
+        for _ in range(100):
+            if service.info()["waiting"] == 0:
+                break
+            time.sleep(0.05)
+        assert service.info()["waiting"] == 0
+        release.set()
+        assert first.wait(60).images.shape == (1, 32, 32, 3)
+    finally:
+        release.set()
+        stop()
+        service.close()
