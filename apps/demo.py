@@ -380,7 +380,8 @@ def cmd_demo(args) -> int:
     if args.data and not celeba:
         print(f"sr-blockwise demo: no CelebA faces at {args.data}; showing built-in examples only")
     from sr_blockwise import live
-    from sr_blockwise.serve import DecodeService
+    from sr_blockwise.serve import DecodeService, limit_malloc_arenas
+    limit_malloc_arenas()  # before the server's threads start
     if args.one_at_a_time:  # as before the decode service: every face decoded alone, every photo read anew
         live.PHOTO_CACHE = 0
     service = DecodeService(model, max_waiting=args.max_waiting, max_batch=1 if args.one_at_a_time else args.max_batch)

@@ -270,3 +270,9 @@ def test_a_client_that_leaves_frees_its_place(model, rng):
         release.set()
         stop()
         service.close()
+
+
+def test_limit_malloc_arenas():
+    import platform
+    from sr_blockwise.serve import limit_malloc_arenas
+    assert limit_malloc_arenas(8) or platform.libc_ver()[0] != "glibc"
