@@ -54,6 +54,12 @@ def png_base64(img: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def upload_name(filename: str | None) -> str:
+    """The name an upload is saved under and named by in messages: its own, where it is one."""
+    name = "".join(c for c in Path(filename or "").name if c.isprintable())[:100].strip()
+    return "upload" if name in ("", ".", "..") else name
+
+
 def largest_only(choice: str) -> bool:
     """Whether a face choice needs the largest face alone: the search for it stops sooner."""
     return (choice or "").strip().lower() in ("", "largest", "1")
@@ -90,7 +96,7 @@ class Upscaling:
         """The photo's faces to decode (live.Prepared each) and the photo read."""
         from .data import BadImage
         from .live import prepare_photo, read_photo
-        name = Path(filename or "upload").name or "upload"
+        name = upload_name(filename)
         which = "largest" if largest_only(choice) else "all"
         with tempfile.TemporaryDirectory(prefix="sr-blockwise-api-") as d, self._detect:
             path = Path(d) / name
@@ -105,7 +111,7 @@ class Upscaling:
                 if not photo.faces:
                     raise ApiError(422, f"{name}: no face found; pass face='centre square' or a box")
                 return [prepare_photo(photo, str(i + 1)) for i in range(len(photo.faces))], photo
-            if c in ("", "largest", "1") and not photo.faces and photo.size not in ((8, 8), (32, 32)):
+            if largest_only(choice) and not photo.faces and photo.size not in ((8, 8), (32, 32)):
                 raise ApiError(422, f"{name}: no face found; pass face='centre square' or a box "
                                     "'left, top, right, bottom'")
             return [prepare_photo(photo, choice)], photo

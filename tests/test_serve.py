@@ -190,6 +190,9 @@ def test_api_upscales_every_face_and_concurrent_requests_get_their_own(demo_serv
 def test_api_errors(demo_server, tmp_path):
     status, _, body = post(f"{demo_server}/upscale", b"not an image at all\n", "notes.txt")
     assert status == 415 and "not a readable image" in body["error"]
+    for name in ("..", "a\x00b.png", "x" * 300 + ".png"):  # saved under a name of its own, said as such
+        status, _, body = post(f"{demo_server}/upscale", b"not an image", name)
+        assert status == 415 and body["error"].startswith(("upload", "ab.png", "xxx"))
     blank = png(Image.new("RGB", (300, 200), (128, 128, 128)))
     status, _, body = post(f"{demo_server}/upscale", blank, "blank.png")
     assert status == 422 and "no face found" in body["error"]
