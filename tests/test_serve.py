@@ -187,6 +187,28 @@ def test_api_upscales_every_face_and_concurrent_requests_get_their_own(demo_serv
         assert json.loads(r.read())["waiting"] == 0
 
 
+def test_page_requests_at_once_each_get_their_own(demo_server, model, tmp_path):
+    """The page's /upscale called by several clients at once: they decode side by side through
+    the service, and each shows the faces the library decodes for its input alone."""
+    from gradio_client import Client, handle_file
+    from sr_blockwise.data import image_to_input, open_rgb
+    paths = []
+    for i in range(4):
+        path = tmp_path / f"face{i}.png"
+        Image.fromarray(np.random.default_rng(10 + i).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    client = Client(demo_server.removesuffix(API_PATH), verbose=False, analytics_enabled=False, download_files=False)
+    k = [2, 4, 4, 6]
+    jobs = [client.submit(handle_file(p), "", k[i], 8, False, False, 1.0, False, 0.8, 0, 0, api_name="/upscale")
+            for i, p in enumerate(paths)]
+    for i, (p, job) in enumerate(zip(paths, jobs)):
+        out = job.result(timeout=120)
+        lr, _ = image_to_input(open_rgb(p))
+        for mode, file in [("exact", out[5]), ("approx", out[8])]:
+            got = np.asarray(Image.open(urllib.request.urlopen(file["url"], timeout=30)).convert("RGB"))
+            assert (got == decode(model, lr[None], options_for(mode, k[i], 8, prior_weight=1.0)).images[0]).all()
+
+
 def test_api_errors(demo_server, tmp_path):
     status, _, body = post(f"{demo_server}/upscale", b"not an image at all\n", "notes.txt")
     assert status == 415 and "not a readable image" in body["error"]
