@@ -68,7 +68,8 @@ def read_photo(path: str | Path, which: str = "all") -> PhotoFaces:
         hit = _photos.get(key)
     if hit is not None:
         return dataclasses.replace(hit, name=name)
-    photo = _read_photo(path, name, which)
+    with _detecting:
+        photo = _read_photo(path, name, which)
     if key is not None:
         with _photo_lock:
             _photos[key] = photo
@@ -79,6 +80,9 @@ def read_photo(path: str | Path, which: str = "all") -> PhotoFaces:
 
 _photos: dict[str, PhotoFaces] = {}
 _photo_lock = threading.Lock()
+# photos read and searched for faces at once, the page's and the HTTP API's together: one per
+# core; more would only share the cores and hold more photos in memory
+_detecting = threading.BoundedSemaphore(2)
 
 
 def _read_photo(path: str | Path, name: str, which: str) -> PhotoFaces:

@@ -13,7 +13,6 @@ import base64
 import dataclasses
 import io
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,6 @@ API_PATH = "/api/v1"
 UPLOAD_MB = 64
 API_MODES = ("exact", "approx", "greedy", "sample")
 POLL = 0.02  # seconds between looks at a request's faces while they decode
-DETECTIONS = 2  # photos read and searched for faces at once: one per core; more only share them
 
 
 class ApiError(Exception):
@@ -70,7 +68,6 @@ class Upscaling:
 
     def __init__(self, model, service, weights_name: str = ""):
         self.model, self.service, self.weights_name = model, service, weights_name
-        self._detect = threading.BoundedSemaphore(DETECTIONS)
 
     def options(self, p: Params) -> dict:
         from .decoding import DEFAULT_GUARD, options_for
@@ -98,7 +95,7 @@ class Upscaling:
         from .live import prepare_photo, read_photo
         name = upload_name(filename)
         which = "largest" if largest_only(choice) else "all"
-        with tempfile.TemporaryDirectory(prefix="sr-blockwise-api-") as d, self._detect:
+        with tempfile.TemporaryDirectory(prefix="sr-blockwise-api-") as d:  # read_photo bounds detections at once
             path = Path(d) / name
             path.write_bytes(data)
             try:
