@@ -94,7 +94,8 @@ class DecodeService:
     between progress frames (only when some face in the round listens)."""
 
     def __init__(self, model, max_waiting: int = 64, max_batch: int = 16, progress_every: int = 16):
-        self.model, self.max_waiting, self.max_batch, self.progress_every = model, max_waiting, max_batch, progress_every
+        self.model, self.max_waiting, self.max_batch = model, max_waiting, max_batch
+        self.progress_every = progress_every
         self._waiting: deque[Ticket] = deque()
         self._cond = threading.Condition()
         self._closed = False

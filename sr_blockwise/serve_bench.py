@@ -102,8 +102,9 @@ class Level:
         return {"server": self.server, "clients": self.clients, "served": self.served, "refused": self.refused,
                 "refused_without_retry_after": self.refused_without_retry_after, "errors": self.errors,
                 "wrong": self.wrong, "p50_s": pct(0.5), "p95_s": pct(0.95), "max_s": round(lat[-1], 2) if lat else None,
-                "requests_per_s": round(self.served / self.seconds, 3), "decodes_per_s": round(self.decodes / self.seconds, 3),
-                "peak_rss_mb": self.peak_rss_mb, "seconds": round(self.seconds, 1), "error_examples": self.error_examples[:3]}
+                "requests_per_s": round(self.served / self.seconds, 3),
+                "decodes_per_s": round(self.decodes / self.seconds, 3), "peak_rss_mb": self.peak_rss_mb,
+                "seconds": round(self.seconds, 1), "error_examples": self.error_examples[:3]}
 
 
 def run_level(url: str, server: str, clients: int, seconds: float, photo: bytes, fields: dict, expected: list,

@@ -222,7 +222,8 @@ def make_api(upscaling: Upscaling, upload_mb: int = UPLOAD_MB, serial: bool = Fa
                          422: {"description": "no face found, or a bad option"},
                          503: {"description": "queue full: retry after the Retry-After header's seconds"}})
     async def upscale(request: Request,
-                      image: UploadFile = File(..., description="a photo (JPEG, PNG, WebP, BMP), or an 8x8 / 32x32 face"),
+                      image: UploadFile = File(..., description="a photo (JPEG, PNG, WebP, BMP), or an "
+                                                                "8x8 / 32x32 face"),
                       modes: str = Form("exact,approx", description=f"comma-separated, of {', '.join(API_MODES)}"),
                       k: int | None = Form(None, description="block size (default: the page's)"),
                       eps: int = Form(2, description="approx: tolerance in intensity levels"),

@@ -82,7 +82,8 @@ def test_concurrent_faces_equal_each_decoded_alone(model, rng):
     """Faces of several modes submitted at once from many threads, batched together where their
     options match: each output is the one decode() gives that face alone."""
     lrs = rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
-    modes = [options_for("exact", 4, 0), options_for("approx", 4, 8), options_for("sample", 4, 0, temperature=0.9, seed=5)]
+    modes = [options_for("exact", 4, 0), options_for("approx", 4, 8),
+             options_for("sample", 4, 0, temperature=0.9, seed=5)]
     jobs = [(lr, o) for lr in lrs for o in modes]
     service = DecodeService(model, max_batch=8)
     got = [None] * len(jobs)

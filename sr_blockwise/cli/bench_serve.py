@@ -60,7 +60,8 @@ def register(sub) -> None:
     p.add_argument("--url", default=None, help="a running server (http://host:port) instead of starting one")
     p.add_argument("--clients", default="1,8,32,64", help="concurrent clients per level, comma-separated")
     p.add_argument("--seconds", type=float, default=20.0, help="how long each level runs")
-    p.add_argument("--photo", default=None, help="the photo to post (default: a built-in 2400x1400 photo of four faces)")
+    p.add_argument("--photo", default=None,
+                   help="the photo to post (default: a built-in 2400x1400 photo of four faces)")
     p.add_argument("--modes", default="exact,approx", help="the API's modes per request")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--eps", type=int, default=2)
