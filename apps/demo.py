@@ -3,8 +3,10 @@ approximate blockwise decoding side by side.
 
 This file only wires Gradio: the weights load through sr_blockwise.api.Upscaler; a photo's faces
 (found and aligned to the training framing, or boxed by hand by two clicks on the photo) and live
-decoding come from sr_blockwise.live, the batch command's and the API's faces and decoder. The
-page is fully offline: no analytics, fonts or assets from the internet.
+decoding come from sr_blockwise.live, the batch command's and the API's faces and decoder; the
+decodes of many users at once share sr_blockwise.serve's decode service, which the HTTP API
+(sr_blockwise.webapi, mounted on the same server) uses too. The page is fully offline: no
+analytics, fonts or assets from the internet.
 """
 import os
 from collections import Counter
@@ -22,13 +24,14 @@ from sr_blockwise.api import DEFAULT_DTYPE, dtype_name
 from sr_blockwise.data import DEFAULT_DATA, BadImage, bicubic_upscale, match_input
 from sr_blockwise.faces import DetectorMissing
 from sr_blockwise.live import (DECODE_THREADS, FILL, GREEDY_CALLS, TITLES, Frame, block_map_image,
-                               compare, decode_live, final_markdown, page_defaults, partial_image,
+                               compare, final_markdown, page_defaults, partial_image,
                                pasted_view, photo_view, prepare_input, read_photo, result_stats,
                                running_markdown, view_to_photo)
 
 # ---------------------------------------------------------------- the page
 
-UPLOAD_MB = 64  # the largest upload the page takes
+UPLOAD_MB = 64  # the largest upload the page and the HTTP API take
+PAGE_REQUESTS = 32  # the page's upscale requests served at once (their decodes batched)
 CSS = """
 .pixelated img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
 .examples img { image-rendering: pixelated; }
@@ -58,13 +61,21 @@ MAP_HELP = """Block maps colour each pixel by the length of the blocks its inten
 
 
 def build_app(model, weights_name: str, examples: list | None = None, celeba: list | None = None,
-              progress_every: int = 8, time_limit: float | None = 300.0, example_dir: str | None = None):
-    """The Gradio Blocks for a loaded model. examples / celeba: lists of apps.examples.Example."""
+              progress_every: int = 8, time_limit: float | None = 300.0, example_dir: str | None = None,
+              service=None, serial: bool = False):
+    """The Gradio Blocks for a loaded model. examples / celeba: lists of apps.examples.Example.
+    service: the serve.DecodeService the page and the HTTP API decode through (default: one made
+    here, closed with the page). serial: the API serves one request at a time, whole (the
+    benchmark's 'before')."""
     import tempfile
 
     import gradio as gr
 
     from sr_blockwise.decoding import DEFAULT_GUARD, options_for
+    from sr_blockwise.serve import Busy, DecodeService
+    from sr_blockwise.webapi import Upscaling, make_api
+
+    service = service or DecodeService(model, progress_every=progress_every)
 
     from .examples import write_examples
 
@@ -226,7 +237,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                 opts = mode_options(mode)
                 img, bmap, md = outs[mode]
                 try:
-                    for item in decode_live(model, p.lr, opts, progress_every, time_limit=time_limit):
+                    for item in service.stream(p.lr, opts, time_limit=time_limit):
                         if isinstance(item, Frame):
                             yield {img: partial_image(item.tokens, item.done),
                                    bmap: block_map_image(item.block_map, item.done, opts.k),
@@ -239,7 +250,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
                                      bmap: block_map_image(item.block_map[0], GREEDY_CALLS, opts.k),
                                      md: final_markdown(mode, opts, stats[mode])})
                         yield {img: view[img], bmap: view[bmap], md: view[md]}
-                except TimeoutError as e:
+                except (TimeoutError, Busy) as e:
                     raise gr.Error(str(e), title="Server busy", print_exception=False) from None
                 except Exception as e:  # a bug: the traceback goes to the server log, one line to the page
                     traceback.print_exc()
@@ -309,24 +320,34 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
         cb_gallery.select(picker(cb_paths), None, photo, api_visibility="private", queue=False)
         for box, mode in ((with_greedy, "greedy"), (with_sample, "sample")):  # the optional columns
             box.change(lambda v: gr.Column(visible=v), box, cols[mode], api_visibility="private", queue=False)
-        # one decode at a time, first come first served (the queue is bounded in launch): on a
-        # few CPU cores parallel decodes would only slow each other down
+        # many requests at once: their faces decode together in the service's batches, and each
+        # request's photo is read while others decode (the queue is bounded in launch)
         go.click(upscale, [photo, choice, k, eps, with_greedy, match, guidance, with_sample, temperature, seed, guard],
                  all_outputs, api_name="upscale",
-                 concurrency_limit=1, concurrency_id="decode", show_progress="full",
+                 concurrency_limit=PAGE_REQUESTS, concurrency_id="decode", show_progress="full",
                  show_progress_on=[status])
     demo.example_dir = example_dir
+    demo.service = service
+    demo.api = make_api(Upscaling(model, service, weights_name), UPLOAD_MB, serial=serial)
     return demo
 
 
-def launch(demo, host="127.0.0.1", port=7860, share=False, max_queue=16, prevent_thread_lock=False,
+def launch(demo, host="127.0.0.1", port=7860, share=False, max_queue=64, prevent_thread_lock=False,
            quiet=False):
-    """Start the server; queue limits keep several users fairly served (FIFO, bounded)."""
+    """Start the server, the page and the HTTP API (webapi.API_PATH) on it; queue limits keep
+    several users fairly served (FIFO, bounded)."""
+    from sr_blockwise.webapi import API_PATH
     demo.queue(max_size=max_queue, default_concurrency_limit=1)
-    return demo.launch(server_name=host, server_port=port, share=share, css=CSS,
-                       prevent_thread_lock=prevent_thread_lock, quiet=quiet, show_error=False,
-                       max_file_size=f"{UPLOAD_MB}mb", allowed_paths=[demo.example_dir], ssr_mode=False,
-                       mcp_server=False, pwa=False, footer_links=["api", "settings"])
+    out = demo.launch(server_name=host, server_port=port, share=share, css=CSS,
+                      prevent_thread_lock=True, quiet=quiet, show_error=False,
+                      max_file_size=f"{UPLOAD_MB}mb", allowed_paths=[demo.example_dir], ssr_mode=False,
+                      mcp_server=False, pwa=False, footer_links=["api", "settings"])
+    demo.app.mount(API_PATH, demo.api)  # Gradio's app is made in launch; requests are routed per call
+    if not quiet:
+        print(f"HTTP API: http://{host}:{port}{API_PATH}/upscale (docs: {API_PATH}/docs)")
+    if not prevent_thread_lock:
+        demo.block_thread()
+    return out
 
 
 # ---------------------------------------------------------------- command line
@@ -358,7 +379,14 @@ def cmd_demo(args) -> int:
     celeba = [] if args.no_celeba else celeba_examples(data)
     if args.data and not celeba:
         print(f"sr-blockwise demo: no CelebA faces at {args.data}; showing built-in examples only")
-    demo = build_app(model, Path(str(name)).stem, builtin_examples(), celeba, time_limit=args.time_limit)
+    from sr_blockwise import live
+    from sr_blockwise.serve import DecodeService, limit_malloc_arenas
+    limit_malloc_arenas()  # before the server's threads start
+    if args.one_at_a_time:  # as before the decode service: every face decoded alone, every photo read anew
+        live.PHOTO_CACHE = 0
+    service = DecodeService(model, max_waiting=args.max_waiting, max_batch=1 if args.one_at_a_time else args.max_batch)
+    demo = build_app(model, Path(str(name)).stem, builtin_examples(), celeba, time_limit=args.time_limit,
+                     service=service, serial=args.one_at_a_time)
     print(f"sr-blockwise demo: weights {name}, {len(celeba)} held-out CelebA examples; "
           f"serving on http://{args.host}:{args.port}")
     launch(demo, args.host, args.port, args.share, args.max_queue)
@@ -377,7 +405,14 @@ def register(subparsers) -> None:
     d.add_argument("--data", default=None, help="CelebA .npz or folder whose held-out faces to offer "
                                                 "(default: the configured data path, if it exists)")
     d.add_argument("--no-celeba", action="store_true", help="offer the built-in examples only")
-    d.add_argument("--max-queue", type=int, default=16, help="waiting requests beyond this are refused")
+    d.add_argument("--max-queue", type=int, default=64, help="the page's waiting requests beyond this are refused")
+    d.add_argument("--max-waiting", type=int, default=64,
+                   help="faces waiting to decode (the page's and the HTTP API's) beyond this are refused "
+                        "(the API: 503 with Retry-After)")
+    d.add_argument("--max-batch", type=int, default=16, help="faces decoded together, at most")
+    d.add_argument("--one-at-a-time", action="store_true",
+                   help="serve the HTTP API one request at a time, each face decoded alone and each photo "
+                        "searched anew: the server before the decode service, for bench-serve's comparison")
     d.add_argument("--time-limit", type=float, default=300.0, help="seconds one decode may take")
     d.add_argument("--threads", type=int, default=DECODE_THREADS,
                    help="torch CPU threads of a decode on the PyTorch step (models the native engine does not "

@@ -50,10 +50,42 @@ class Prepared:
     chosen: object | None = None  # the sr_blockwise.faces.Face used, for pasting back
 
 
-def read_photo(path: str | Path) -> PhotoFaces:
-    """An uploaded file -> its faces (detected, largest first). Raises BadImage with a message
-    naming the file (never the server's temp path)."""
+PHOTO_CACHE = 8  # photos whose faces are kept: the page's preview and its upscale detect once
+
+
+def read_photo(path: str | Path, which: str = "all") -> PhotoFaces:
+    """An uploaded file -> its faces (detected, largest first; which="largest": the largest
+    alone, found sooner), the last PHOTO_CACHE photos' by their bytes remembered. Raises BadImage
+    with a message naming the file (never the server's temp path)."""
+    import dataclasses
+    import hashlib
     name = Path(path).name
+    try:
+        key = which + ":" + hashlib.sha1(Path(path).read_bytes()).hexdigest()
+    except OSError:  # open_rgb says why
+        key = None
+    with _photo_lock:
+        hit = _photos.get(key)
+    if hit is not None:
+        return dataclasses.replace(hit, name=name)
+    with _detecting:
+        photo = _read_photo(path, name, which)
+    if key is not None:
+        with _photo_lock:
+            _photos[key] = photo
+            while len(_photos) > PHOTO_CACHE:
+                _photos.pop(next(iter(_photos)))
+    return photo
+
+
+_photos: dict[str, PhotoFaces] = {}
+_photo_lock = threading.Lock()
+# photos read and searched for faces at once, the page's and the HTTP API's together: one per
+# core; more would only share the cores and hold more photos in memory
+_detecting = threading.BoundedSemaphore(2)
+
+
+def _read_photo(path: str | Path, name: str, which: str) -> PhotoFaces:
     try:
         img = open_rgb(str(path))
     except BadImage as e:
@@ -62,7 +94,7 @@ def read_photo(path: str | Path) -> PhotoFaces:
     if size in ((8, 8), (32, 32)):
         return PhotoFaces(img, name, size, [], "used as it is")
     from . import faces as F
-    found, note = F.faces_of(img, "all", if_none="skip")
+    found, note = F.faces_of(img, which, if_none="skip")
     return PhotoFaces(img, name, size, found, note)
 
 
@@ -91,8 +123,12 @@ def parse_choice(choice: str | None) -> int | tuple | str:
 def prepare_input(path: str | Path, choice: str | None = "") -> Prepared:
     """An uploaded file and a face choice (parse_choice) -> the 8x8 input, the real 32x32 and a
     note. 8x8 and 32x32 images are used as they are. No face found: the centre square, said."""
+    return prepare_photo(read_photo(path), choice)
+
+
+def prepare_photo(photo: PhotoFaces, choice: str | None = "") -> Prepared:
+    """prepare_input for a photo read (read_photo)."""
     from . import faces as F
-    photo = read_photo(path)
     w, h = photo.size
     info = {"file": photo.name, "size": [w, h], "faces_found": len(photo.faces)}
     if (w, h) == (8, 8):

@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = [
     "sr_blockwise.cli.export",  # export
     "sr_blockwise.cli.distill",  # distill
     "sr_blockwise.cli.bench",  # bench-decode, bench-train
+    "sr_blockwise.cli.bench_serve",  # bench-serve
     "sr_blockwise.cli.trees",  # trees
     "sr_blockwise.cli.learning_curve",  # learning-curve
     "sr_blockwise.cli.upscale",  # upscale
