@@ -31,9 +31,15 @@ def test_parse_mode():
     w = ev.parse_mode("eps-window=2").options(6)
     assert (w.rule, w.eps, w.propose) == ("eps", 2, "window")
     assert ev.parse_mode("eps-window=0").options(6).is_exact  # window proposals at eps 0: argmax ones
+    t = ev.parse_mode("eps=2:tree=64")
+    assert t.name == "eps=2:tree=64" and t.options(10) == ev.DecodeOptions.parse("eps=2:k=10:tree=64")
+    assert ev.parse_mode("exact:tree=64").options(10, 2.0).spec == "exact:k=10:tree=64:w=2"
+    from sr_blockwise.evaluate.plots import _eps_of
+    assert (_eps_of("eps=2:tree=256"), _eps_of("exact:tree=64"), _eps_of("eps=3")) == (2, 0, 3)
     for bad, msg in [("fast", "unknown mode 'fast'"), ("eps", "unknown mode"),
                      ("eps=x", "not a whole number"), ("eps=-1", "eps must be >= 0"), ("eps=256", "eps must be in 0..255"), ("top-k=0", "top-k must be >= 1"),
                      ("min-block=0", "min-block must be >= 1"), ("exact:k=4", "k comes from --k"),
+                     ("exact:tree=64:w=2", "k comes from --k"), ("exact:tree=1", "2..1024"),
                      ("sample", "not sampling")]:
         with pytest.raises(ValueError, match=msg):
             ev.parse_mode(bad)

@@ -94,7 +94,8 @@ def plot_speedup(result, path: Path):
 
 
 def _eps_of(mode):
-    return 0 if mode in ("exact", "exact-heads") else int(mode.split("=")[1]) if mode.startswith("eps=") else None
+    rule = mode.split(":")[0]  # without :tree=N
+    return 0 if rule in ("exact", "exact-heads") else int(rule.split("=")[1]) if rule.startswith("eps=") else None
 
 
 def plot_quality(result, path: Path):

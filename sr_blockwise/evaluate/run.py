@@ -18,7 +18,7 @@ from .. import metrics
 # portable_path: results name no folder of the machine that made them
 from ..checkpoints import load_model, portable_path, read_card, read_checkpoint, resolve, sha256_of
 from ..data import DEFAULT_DATA, downsample_8, load_faces, to_tokens
-from ..decoding import DecodeOptions, decode, exact_block_stats, greedy_uncached, pooled_block_hist
+from ..decoding import DecodeOptions, decode, engine_for, exact_block_stats, greedy_uncached, pooled_block_hist
 from ..model import SEQ_LEN
 from .config import DTYPES, EvalConfig, Mode, infer_variant, parse_mode, weights_name, weights_spec
 from .records import PAPER_PEAK, PAPER_TABLE2, SCHEMA, SCHEMA_VERSION, new_record, ratios_to_greedy, summarize
@@ -432,6 +432,21 @@ class Evaluation:
                     replay[k] += st
         return replay
 
+    def same_engine_greedy(self, name: str, opts, n: int):
+        """Greedy's output of the first n faces on the engine opts decode on, where that is not
+        greedy's own (trees run on the torch engine on a CPU); None where it is."""
+        model = self.models[name][0]
+        engine = engine_for(model, opts)
+        if engine == engine_for(model, DecodeOptions()):
+            return None
+        cache = self.__dict__.setdefault("_greedy_by_engine", {})
+        if (name, engine, n) not in cache:
+            self.bar.set_description(f"{name}: greedy on the {engine} engine")
+            b, w = self.cfg.batch_size, self.cfg.prior_weight
+            cache[(name, engine, n)] = np.concatenate([decode(model, self.lr[i:min(i + b, n)], DecodeOptions(prior_weight=w),
+                                                             engine=engine).images for i in range(0, n, b)])
+        return cache[(name, engine, n)]
+
     def blockwise_rows(self, name: str, variant: str, jobs: list, g: dict, greedy: dict, replay: dict,
                        u_spi: float) -> None:
         """A row per (k, mode) decoded; u_spi: uncached greedy's seconds per image."""
@@ -443,6 +458,12 @@ class Evaluation:
             rec.update(quality(real[:nd], g["images"][:nd], r["images"], self.perceptual))
             if replayable(m.options(k)):
                 _use_replay(rec, replay[k], r["stats"], greedy)
+            ref = self.same_engine_greedy(name, m.options(k, self.cfg.prior_weight), nd)
+            if ref is not None and rec["exact_by_construction"]:
+                same = r["images"].reshape(nd, -1) == ref.reshape(nd, -1)
+                rec.update(identical_to_greedy=float(same.all(1).mean()), tokens_identical_to_greedy=float(same.mean()))
+                rec["notes"].append("compared with greedy decoded on the engine this mode ran on "
+                                    "(the engines round differently)")
             rec["speedup_vs_uncached_greedy"] = u_spi / rec["seconds_per_image"]
             if rec["exact_by_construction"] and rec["identical_to_greedy"] < 1:
                 rec["notes"].append("NOT identical to greedy although the mode promises it")
