@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tree this script lives in
 
+from sr_blockwise.bench import machine  # noqa: E402
 from sr_blockwise.checkpoints import load_model  # noqa: E402
 from sr_blockwise.data import downsample_8, load_faces, to_tokens  # noqa: E402
 from sr_blockwise.decoding import DecodeOptions, decode  # noqa: E402
@@ -114,8 +114,8 @@ def main(argv=None) -> int:
     else:
         lr = np.random.default_rng(0).integers(0, 256, (max(a.faces, 1), 8, 8, 3), dtype=np.uint8)
     src = torch.from_numpy(to_tokens(lr)).to(dev)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
-    print(f"device: {name}; torch {torch.__version__}; {len(lr)} faces ({a.data or 'random inputs'})", flush=True)
+    name = f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}" if dev.type == "cuda" else machine()
+    print(f"device: {name}; {len(lr)} faces ({a.data or 'random inputs'})", flush=True)
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     cost = call_cost(model, src, ints(a.sizes), ints(a.batches), a.reps, dev)
     print("\n" + table(cost, ["batch", "candidates", "ms_per_call", "vs_one_token", "graph"]), flush=True)
