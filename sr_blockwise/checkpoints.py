@@ -176,7 +176,7 @@ def load_model(name_or_path: str | Path = DEFAULT_WEIGHTS, dtype: torch.dtype = 
                            f"{tuple(want[k].shape)} ({len(bad)} mismatched)")
     model.load_state_dict({k: v.float() for k, v in state.items()})
     if path.suffix != ".pt":
-        model.tree_accuracy = card.get("tree_accuracy", {})
+        model.tree_accuracy = card.get("tree_accuracy", {}).get("tables", {})  # `sr-blockwise trees --write`
     model.to(device)
     return model.for_inference(dtype) if for_inference else model
 

@@ -7,7 +7,7 @@ import torch
 from conftest import agreeable_tiny, make_tiny
 from sr_blockwise.data import to_tokens
 from sr_blockwise.decoding import DecodeOptions, decode
-from sr_blockwise.decoding.tree import Tree, build_tree, expected_tokens, rank_accuracy, tree_for
+from sr_blockwise.decoding.tree import GENERIC_ACCURACY, Tree, build_tree, expected_tokens, rank_accuracy, tree_for
 from sr_blockwise.heads import draft_heads, draft_tree
 from sr_blockwise.model import SEQ_LEN
 
@@ -144,3 +144,12 @@ def test_rank_accuracy_counts_the_best_ranked_passing_candidate(agreeable):
         assert tree_for(m, DecodeOptions.parse("exact:k=3:tree=5")) == build_tree(exact, 5, 2)
     finally:
         m.tree_accuracy = {}
+
+
+def test_shipped_weights_bring_their_measured_tables_and_trees_are_built_from_them():
+    from sr_blockwise.checkpoints import load_model
+    m = load_model("cpu-finetuned", dtype=torch.float32)
+    assert set(m.tree_accuracy) >= {"exact", "eps=2", "eps-window=2"}
+    assert len(m.tree_accuracy["exact"]) == m.cfg.n_blockwise - 1
+    opts = DecodeOptions.parse("eps=2:k=10:tree=64")
+    assert tree_for(m, opts) == build_tree(m.tree_accuracy["eps=2"], 64, 9) != build_tree(GENERIC_ACCURACY, 64, 9)
