@@ -458,13 +458,19 @@ class ImageTransformerSR(nn.Module):
             kw = cache.k[i][bidx[..., None], hidx, kpos[:, None]]  # (B, H, W, hd)
             vw = cache.v[i][bidx[..., None], hidx, kpos[:, None]]
             x = x + a.out(a.merge(attention64(a.split(q), kw, vw, mask_t)).to(x.dtype))
-            c = layer.cross_attn
-            ek, ev = cache.enc_k[i], cache.enc_v[i]
-            if rows is not None:
-                ek, ev = ek[rows], ev[rows]
-            x = x + c.out(c.merge(attention64(c.split(c.q(layer.ln2(x))), ek, ev)).to(x.dtype))
-            x = x + layer.ff(layer.ln3(x))
+            x = self._cross_and_ff(layer, i, x, cache, rows)
         return self.dec_ln(x)
+
+    @staticmethod
+    def _cross_and_ff(layer: DecoderLayer, i: int, x: torch.Tensor, cache: "KVCache", rows) -> torch.Tensor:
+        """A cached decoder layer's second half: cross-attention to the encoder (float64, as in
+        `step`) and the feed-forward block."""
+        c = layer.cross_attn
+        ek, ev = cache.enc_k[i], cache.enc_v[i]
+        if rows is not None:
+            ek, ev = ek[rows], ev[rows]
+        x = x + c.out(c.merge(attention64(c.split(c.q(layer.ln2(x))), ek, ev)).to(x.dtype))
+        return x + layer.ff(layer.ln3(x))
 
     def step_tree(self, cache: "KVCache", tokens: torch.Tensor, pos: torch.Tensor, depth: torch.Tensor,
                   ancestors: torch.Tensor, rows: torch.Tensor | None = None):
@@ -498,12 +504,7 @@ class ImageTransformerSR(nn.Module):
             kw = torch.cat([cache.k[i][bidx, hidx, kpos[:, None]], k], dim=2)  # (B, H, 2L + N, hd)
             vw = torch.cat([cache.v[i][bidx, hidx, kpos[:, None]], v], dim=2)
             x = x + a.out(a.merge(attention64(a.split(q), kw, vw, mask_t)).to(x.dtype))
-            c = layer.cross_attn
-            ek, ev = cache.enc_k[i], cache.enc_v[i]
-            if rows is not None:
-                ek, ev = ek[rows], ev[rows]
-            x = x + c.out(c.merge(attention64(c.split(c.q(layer.ln2(x))), ek, ev)).to(x.dtype))
-            x = x + layer.ff(layer.ln3(x))
+            x = self._cross_and_ff(layer, i, x, cache, rows)
         return self.dec_ln(x), kv
 
     @staticmethod
