@@ -29,12 +29,7 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
     """Make (or finish) a study folder; returns the manifest. Resumable: images already written
     are kept, so a killed build continues where it stopped. A folder holding a different study
     is refused."""
-    import torch
-    from tqdm import tqdm
-
-    from ..checkpoints import load_model, read_card, resolve, sha256_of
-    from ..data import downsample_8, load_faces
-    from ..decoding import decode
+    from ..data import load_faces
 
     folder = Path(folder)
     conds, refs = parse_conditions(conditions or DEFAULT_CONDITIONS, frozen, finetuned)
@@ -43,16 +38,7 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
         raise StudyError(f"need at least one face (got n_faces={n_faces}, n_practice={n_practice})")
     if not question.strip():
         raise StudyError("the question is empty")
-    weights, paths = {}, {}
-    for label, ref in refs.items():
-        p = resolve(ref)
-        paths[label] = p
-        card = None if p.suffix == ".pt" else read_card(p)
-        weights[label] = {"sha256": sha256_of(p) if card is None else card["sha256"]}
-        K = (card or {}).get("config", {}).get("n_blockwise")
-        for c in conds:  # refuse now rather than after hours of decoding
-            if c.weights == label and K is not None and c.k > K:
-                raise StudyError(f"{c.name}: weights {label} have {K} blockwise heads, so k must be <= {K}")
+    weights, paths = _check_weights(refs, conds)
 
     faces = load_faces(data).part(split)
     need = n_faces + n_practice
@@ -69,24 +55,8 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
     # sampled conditions: decode's seed for every face, so that the images can be rebuilt bit for bit
     seeds = {c.name: sample_seeds(seed, c.name, need) for c in conds if c.rule == "sample"}
 
-    def described(c: Condition) -> dict:
-        # prior_weight only where it is not 1, guard where there is one and the sampling fields
-        # only for samples: a study without them has the same manifest and id whichever version
-        # built it
-        return ({"name": c.name, "rule": c.rule, "k": c.k, "eps": c.eps, "weights": c.weights, "dir": dirs[c.name]}
-                | ({"prior_weight": c.prior_weight} if c.prior_weight != 1 else {})
-                | ({"guard": c.guard} if c.guard else {})
-                | ({"temperature": c.temperature, "seeds": seeds[c.name]} if c.name in seeds else {}))
-
-    settings = {
-        "conditions": [described(c) for c in conds],
-        "comparisons": [list(p) for p in comparisons],
-        "weights": weights,
-        "question": question.strip(),
-        "seed": int(seed), "split": split, "n_faces": int(n_faces), "n_practice": int(n_practice),
-        "faces": [{"index": j, "input_id": int(faces.ids[i]), "practice": j >= n_faces}
-                  for j, i in enumerate(pick)],
-    }
+    settings = _study_settings(conds, comparisons, weights, question, seed, split, n_faces, n_practice,
+                               faces.ids, pick, dirs, seeds)
     mpath = folder / "manifest.json"
     restoring, damaged = None, set()  # a complete study with images missing or altered: made again
     if mpath.exists():
@@ -130,6 +100,73 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
         put(f"{dirs['broken']}/{j:04d}.png", broken_image(images[j], seed * 7919 + j))
 
     todo = [(c, [j for j in range(need) if needed(f"{dirs[c.name]}/{j:04d}.png")]) for c in conds if c.decoded]
+    _decode_conditions(todo, images, dirs, paths, seeds, put, folder, batch_size, threads, progress)
+    if restoring:
+        if differ:  # e.g. other faces under --data, or decoded on a processor that rounds differently
+            built = restoring.get("source", {}).get("data")
+            raise StudyError(
+                f"{folder}: {len(differ)} image(s) made again differ from the study's "
+                f"({', '.join(sorted(differ)[:3])}{', ...' if len(differ) > 3 else ''}): not written"
+                + (f"; the study was built from {built}, this run reads {source['data']}"
+                   if built and built != source["data"] else "")
+                + "; where they cannot be made as recorded, build the study in a new folder")
+        log(f"study {restoring['study_id']} in {folder}: restored, complete")
+        return restoring
+
+    return _complete_manifest(folder, settings, source, conds, comparisons, dirs, need, n_faces, n_practice, log)
+
+
+def _check_weights(refs: dict, conds) -> tuple[dict, dict]:
+    """Each weights label's sha256 and path; a condition whose k is beyond its weights' heads is
+    refused now rather than after hours of decoding."""
+    from ..checkpoints import read_card, resolve, sha256_of
+
+    weights, paths = {}, {}
+    for label, ref in refs.items():
+        p = resolve(ref)
+        paths[label] = p
+        card = None if p.suffix == ".pt" else read_card(p)
+        weights[label] = {"sha256": sha256_of(p) if card is None else card["sha256"]}
+        K = (card or {}).get("config", {}).get("n_blockwise")
+        for c in conds:
+            if c.weights == label and K is not None and c.k > K:
+                raise StudyError(f"{c.name}: weights {label} have {K} blockwise heads, so k must be <= {K}")
+    return weights, paths
+
+
+def _study_settings(conds, comparisons, weights, question, seed, split, n_faces, n_practice, ids, pick, dirs,
+                    seeds) -> dict:
+    """What makes a study this study: the manifest's settings, compared when a folder is reopened."""
+    def described(c: Condition) -> dict:
+        # prior_weight only where it is not 1, guard where there is one and the sampling fields
+        # only for samples: a study without them has the same manifest and id whichever version
+        # built it
+        return ({"name": c.name, "rule": c.rule, "k": c.k, "eps": c.eps, "weights": c.weights, "dir": dirs[c.name]}
+                | ({"prior_weight": c.prior_weight} if c.prior_weight != 1 else {})
+                | ({"guard": c.guard} if c.guard else {})
+                | ({"temperature": c.temperature, "seeds": seeds[c.name]} if c.name in seeds else {}))
+
+    return {
+        "conditions": [described(c) for c in conds],
+        "comparisons": [list(p) for p in comparisons],
+        "weights": weights,
+        "question": question.strip(),
+        "seed": int(seed), "split": split, "n_faces": int(n_faces), "n_practice": int(n_practice),
+        "faces": [{"index": j, "input_id": int(ids[i]), "practice": j >= n_faces}
+                  for j, i in enumerate(pick)],
+    }
+
+
+def _decode_conditions(todo, images, dirs, paths, seeds, put, folder, batch_size, threads, progress) -> None:
+    """Decode each condition's missing images (todo: (condition, face indices)) in batches, writing
+    them with put and their decode statistics beside them."""
+    import torch
+    from tqdm import tqdm
+
+    from ..checkpoints import load_model
+    from ..data import downsample_8
+    from ..decoding import decode
+
     if threads:
         torch.set_num_threads(threads)
     models = {}
@@ -150,18 +187,11 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
             write_json(stats_path, stats)
             bar.update(len(idx))
     bar.close()
-    if restoring:
-        if differ:  # e.g. other faces under --data, or decoded on a processor that rounds differently
-            built = restoring.get("source", {}).get("data")
-            raise StudyError(
-                f"{folder}: {len(differ)} image(s) made again differ from the study's "
-                f"({', '.join(sorted(differ)[:3])}{', ...' if len(differ) > 3 else ''}): not written"
-                + (f"; the study was built from {built}, this run reads {source['data']}"
-                   if built and built != source["data"] else "")
-                + "; where they cannot be made as recorded, build the study in a new folder")
-        log(f"study {restoring['study_id']} in {folder}: restored, complete")
-        return restoring
 
+
+def _complete_manifest(folder, settings, source, conds, comparisons, dirs, need, n_faces, n_practice, log) -> dict:
+    """Every image's sha256, the decodes' mean blocks and the study id, written as the complete manifest."""
+    mpath = folder / "manifest.json"
     files = {}
     for d in sorted(set(dirs.values())):
         for j in range(need):
