@@ -63,7 +63,7 @@ MAP_HELP = """Block maps colour each pixel by the length of the blocks its inten
 def build_app(model, weights_name: str, examples: list | None = None, celeba: list | None = None,
               progress_every: int = 8, time_limit: float | None = 300.0, example_dir: str | None = None,
               service=None, serial: bool = False):
-    """The Gradio Blocks for a loaded model. examples / celeba: lists of apps.examples.Example.
+    """The Gradio Blocks for a loaded model. examples / celeba: lists of sr_blockwise.examples.Example.
     service: the serve.DecodeService the page and the HTTP API decode through (default: one made
     here, closed with the page). serial: the API serves one request at a time, whole (the
     benchmark's 'before')."""
@@ -77,7 +77,7 @@ def build_app(model, weights_name: str, examples: list | None = None, celeba: li
 
     service = service or DecodeService(model, progress_every=progress_every)
 
-    from .examples import write_examples
+    from sr_blockwise.examples import write_examples
 
     K = model.cfg.n_blockwise
     k0, eps0, w0 = page_defaults(model)
@@ -359,7 +359,7 @@ def cmd_demo(args) -> int:
     from sr_blockwise.checkpoints import WeightsError
 
     from . import check_port
-    from .examples import builtin_examples, celeba_examples
+    from sr_blockwise.examples import builtin_examples, celeba_examples
 
     check_port(args.host, args.port)  # before the weights load
     try:  # on the CPU: the page decodes one image at a time, live

@@ -1,23 +1,23 @@
-"""Carry CelebA faces to the lent GPU machine and back into an .npz there, losslessly.
+"""CelebA faces in a compact lossless format, to copy them to a training machine.
 
-The device tool sends the working tree and at most 64 MiB in all; ../shared/data does not travel,
-and celeba32.npz (92.6 MB) would not fit beside the repo (~37 MB). Lossless WebP mosaics of 32x32
-faces take ~55% of the raw bytes (zlib: 96%, PNG: 75%), so the training faces are packed into
-mosaics under a git-ignored folder that `carry` names. Held-out test faces are never packed: they
-stay on this machine, where the weights are scored.
+celeba32.npz holds the faces raw (92.6 MB). Lossless WebP mosaics of 32x32 faces take ~55% of
+the raw bytes (zlib: 96%, PNG: 75%): `pack` writes the training faces (and a few validation
+faces, for the training log's bits/dim) as mosaics of 1,024 faces, `unpack` turns them back into
+the .npz that `sr-blockwise train` reads. Held-out test faces are never packed into a training
+set; `test-faces` writes a few of them apart, for decoding measurements (gpu/bench_decode.py).
 
-    python gpu/pack.py pack .gpu/faces                   # here: as many training faces as fit
-    python gpu/pack.py unpack .gpu/faces SCRATCH/faces.npz  # there: back to the .npz train reads
+    python gpu/pack.py pack .gpu/faces                     # every training face, ~52 MB
+    python gpu/pack.py pack .gpu/faces --max-mb 28 --seed 1  # a random subset that fits 28 MB
+    python gpu/pack.py unpack .gpu/faces SCRATCH/faces.npz   # on the training machine
 
 Unpack checks the sha256 of the images against the one pack wrote, so a lossy path cannot slip in.
-It needs only what sr_blockwise.data needs (numpy, Pillow, tqdm: all on the GPU machine's image).
+It needs only what sr_blockwise.data needs (numpy, Pillow, tqdm).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,8 +27,6 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 from sr_blockwise.data import Faces, load_faces, save_faces  # noqa: E402
 
-CARRY_LIMIT = 64 * 2**20  # bytes the device tool carries: working tree + carried paths
-MARGIN = 1.5e6  # for meta.json and files added after packing
 SIDE = 32  # faces per mosaic side: a 1024x1024 WebP holds 1,024 faces (~1.8 MB)
 
 
@@ -46,16 +44,9 @@ def from_mosaic(grid: np.ndarray) -> np.ndarray:
     return grid.reshape(SIDE, 32, SIDE, 32, 3).transpose(0, 2, 1, 3, 4).reshape(-1, 32, 32, 3)
 
 
-def auto_budget_mb(repo: Path) -> float:
-    """What is left of the carry limit after the files that travel anyway (tracked, and untracked
-    but not ignored): the repo grows every session, so the budget is measured, not fixed."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo,
-                           capture_output=True, check=True).stdout.split(b"\0")
-    tree = sum((repo / f.decode()).stat().st_size for f in files if f and (repo / f.decode()).is_file())
-    return (CARRY_LIMIT - tree - MARGIN) / 1e6
-
-
-def pack(out: Path, data: Path, max_mb: float, n_val: int, seed: int) -> dict:
+def pack(out: Path, data: Path, max_mb: float | None, n_val: int, seed: int) -> dict:
+    """Validation faces first, then training faces in a random order, while they fit max_mb
+    (None: all of them)."""
     faces = load_faces(data)
     train, val = faces.part("train"), faces.part("val")
     order = np.random.default_rng(seed).permutation(len(train))  # a random subset when not all fit
@@ -75,12 +66,14 @@ def pack(out: Path, data: Path, max_mb: float, n_val: int, seed: int) -> dict:
         path = out / f"mosaic-{i // per:03d}.webp"
         Image.fromarray(to_mosaic(grid)).save(path, "WEBP", lossless=True, quality=100, method=6)
         size = path.stat().st_size
-        if used + size > max_mb * 1e6:  # over the budget: keep whole mosaics only
+        if max_mb is not None and used + size > max_mb * 1e6:  # over the budget: keep whole mosaics only
             path.unlink()
             break
         used, n = used + size, n + len(chunk)
     n_val = int(min(n_val, len(val)))
     if n <= n_val:  # not one training face: the run would have nothing to learn from
+        if max_mb is None:
+            raise SystemExit(f"{data}: no training faces to pack")
         raise SystemExit(f"the budget of {max_mb:.1f} MB holds {n} faces, not more than the {n_val} "
                          f"validation faces: no training face fits (one mosaic of {per} faces is ~1.8 MB)")
     meta = {"n": n, "ids": pool_ids[:n].tolist(), "split": pool_split[:n].tolist(),
@@ -112,7 +105,7 @@ def main(argv=None) -> int:
     a.add_argument("out", type=Path)
     a.add_argument("--data", type=Path, default=None, help="default: ../shared/data/celeba32.npz")
     a.add_argument("--max-mb", type=float, default=None,
-                   help="budget for the mosaics, in MB (default: what the repo leaves of 64 MiB)")
+                   help="at most this many MB of mosaics: a random subset of the training faces (default: all of them)")
     a.add_argument("--n-val", type=int, default=256, help="validation faces to include")
     a.add_argument("--seed", type=int, default=0)
     b = sub.add_parser("unpack", help="mosaics -> .npz (images, celeba_id, split)")
@@ -129,8 +122,7 @@ def main(argv=None) -> int:
         save_faces(faces.subset(np.arange(len(faces)) < args.n), args.out)
         print(f"wrote {min(args.n, len(faces))} held-out test faces to {args.out}")
     elif args.cmd == "pack":
-        budget = args.max_mb if args.max_mb is not None else auto_budget_mb(Path(__file__).resolve().parent.parent)
-        m = pack(args.out, args.data, budget, args.n_val, args.seed)
+        m = pack(args.out, args.data, args.max_mb, args.n_val, args.seed)
         print(f"packed {m['n']} faces ({m['n_val']} validation, {m['n'] - m['n_val']} of "
               f"{m['n_train_all']} training) in {m['bytes'] / 1e6:.1f} MB under {args.out}")
     else:

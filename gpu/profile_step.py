@@ -1,8 +1,8 @@
-"""Where a training step's time goes, for the next lent-GPU run's settings (gpu/README.md).
+"""Where a training step's time goes, to choose a GPU training run's settings (gpu/README.md).
 
 At 950-1,015 images/s the cpu preset used ~7% of an H200's bf16 rate (experiments/gpu-finetuning/), and a
 larger batch did not help the gpu preset (289 images/s at 128, 282 at 64): something other than
-the matrix products sets the pace. This measures it, in about a minute of device time:
+the matrix products sets the pace. This measures it, in about a minute:
   1. images/s of the real training step (train.train_step, fine-tuning: base and heads) at each
      batch size, and the peak memory; on CUDA also with the GPU's queue drained every step, so
      that the gap between the two says how much the CPU's queueing costs;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One short training run on the lent GPU machine (gpu/README.md): the base model with its frozen
+# A time-boxed training run on a GPU (gpu/README.md): the base model with its frozen
 # heads, then base and heads fine-tuned jointly; each stage's weights (no optimizer state, its
 # matrices in bf16) and log land in $OUT as soon as the stage ends, even when it failed part-way,
 # so a run cut short still brings back what it finished. Beside them, on the same GPU, the shipped
@@ -23,7 +23,7 @@ MAX_STEPS=${MAX_STEPS:-1000000000}
 EVAL_MIN=${EVAL_MIN:-0.5}     # validation bits/dim (256 faces) this often: a second on a GPU
 THREADS=${THREADS:-4}         # CPU threads a training process takes (16 cores there, two processes)
 PACKED=${PACKED:-.gpu/faces}
-SCRATCH=${SCRATCH:-1}         # 0: no new model, only the warm start (a second, shorter call)
+SCRATCH=${SCRATCH:-1}         # 0: no new model, only the warm start (e.g. continuing one)
 PROFILE=${PROFILE:-}          # batch sizes (e.g. 128,256,512): first, where a training step's time
                               # goes (gpu/profile_step.py, about a minute a preset; it comes out of the deadline)
 PROFILE_STEPS=${PROFILE_STEPS:-10}  # timed steps per batch size
@@ -36,7 +36,7 @@ WARM_ARGS=${WARM_ARGS---lr 1e-3 --warmup 500 --schedule-offset 10000}  # split o
 FP32=${FP32:-0}               # 1: train and profile in float32, not under bf16 autocast (the CPU
                               # dry run: bf16 products are slow on CPUs without bf16 instructions)
 case "$FP32" in 0|1) ;; *) echo "FP32=$FP32: 0 (bf16 autocast) or 1 (float32)" >&2; exit 2;; esac
-OUT=${OUT:?set OUT to the folder that comes back}
+OUT=${OUT:?set OUT to the folder for the weights and logs}
 [ "$SCRATCH" = 0 ] && [ -z "$WARM_FROM" ] && { echo "SCRATCH=0 and no WARM_FROM: nothing to train" >&2; exit 2; }
 # a fresh checkpoint folder per run: a rerun on a still-warm machine must not find old runs
 CACHE=${SR_BLOCKWISE_CACHE:-$(mktemp -d -t sr-blockwise.XXXX)}

@@ -315,7 +315,7 @@ def test_the_readmes_api_example_runs(rng):
     """The README's Python API lines, run as written on one 8x8 image."""
     import re
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Python API", 1)[1]
+    section = readme.split("The Python API", 1)[1]
     block = re.search(r"\n((?:    .*\n|\n)+)", section).group(1)
     names = {"image": Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))}
     exec("\n".join(line[4:] for line in block.splitlines()), names)

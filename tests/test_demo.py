@@ -21,7 +21,7 @@ from PIL import Image
 
 from apps.demo import build_app, launch, register
 from sr_blockwise.api import DEFAULT_DTYPE, torch_dtype
-from apps.examples import builtin_examples, celeba_examples
+from sr_blockwise.examples import builtin_examples, celeba_examples
 from sr_blockwise import faces as F
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import BadImage, image_to_input, match_input, open_rgb

@@ -8,7 +8,7 @@
 import argparse, time, numpy as np, torch
 import sys; from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/paired.py
-from apps.examples import builtin_examples, lfw_faces
+from sr_blockwise.examples import builtin_examples, lfw_faces
 from paired import MODES, decode_all, first_test_faces, print_differences, scores, show
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.data import bicubic_upscale, downsample_8, image_to_input, match_input
@@ -35,7 +35,7 @@ for mode in MODES:
           f"{np.abs(downsample_8(out).astype(int) - lr).mean():.2f} levels off the input on average, "
           f"of the matched one {np.abs(downsample_8(matched).astype(int) - lr).mean():.2f}", flush=True)
 
-# the built-in faces: apps.examples.builtin_examples() less the 8x8 one, and LFW faces 10, 20, 30, 40
+# the built-in faces: sr_blockwise.examples.builtin_examples() less the 8x8 one, and LFW faces 10, 20, 30, 40
 imgs = [e.image for e in builtin_examples() if "8x8" not in e.name] + lfw_faces((10, 20, 30, 40))
 lr_b, real_b = map(np.stack, zip(*[image_to_input(im) for im in imgs]))
 for mode in MODES:

@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = [
     "sr_blockwise.cli.bench_serve",  # bench-serve
     "sr_blockwise.cli.trees",  # trees
     "sr_blockwise.cli.learning_curve",  # learning-curve
+    "sr_blockwise.cli.examples",  # examples
     "sr_blockwise.cli.upscale",  # upscale
     "sr_blockwise.cli.evaluate",  # evaluate
     "apps.demo",  # demo

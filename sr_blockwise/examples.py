@@ -1,4 +1,5 @@
-"""Built-in examples for the demo. None of them is CelebA: the project ships no CelebA pixels.
+"""Built-in example faces for the demo and `sr-blockwise examples`. None of them is CelebA: the
+project ships no CelebA pixels.
 
 - scikit-image's sample portraits: the astronaut (Eileen Collins, NASA, public domain) and the
   cameraman (CC0), cropped to the face; the astronaut again as a ready-made 8x8 input.
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from sr_blockwise.data import DEFAULT_DATA, image_to_input, load_faces
+from .data import DEFAULT_DATA, image_to_input, load_faces
 
 # Face boxes (left, top, side) found with skimage's LBP frontal-face cascade and grown 1.5x about
 # their centre, which gives about the framing of the CelebA crop the model was trained on.
