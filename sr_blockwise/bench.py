@@ -183,7 +183,7 @@ def decoder_flops_per_token(cfg) -> float:
 
 
 def machine() -> str:
-    """The processor by its model name (machines lent under one name differ), threads, torch."""
+    """The processor by its model name (machines sold under one name differ), threads, torch."""
     from .evaluate.run import machine_info
     return f"{machine_info('cpu')['cpu']}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 

@@ -4,40 +4,28 @@ Blockwise heads (Stern et al. 2018): a feed-forward layer d -> groups*head_ff ->
 group added to the decoder output and layer-normed, all sharing the model's 256-way output
 projection. Head 1 (p1) predicts the next token; head j the token j-1 after it. `model.py` holds
 the transformer that makes the decoder states; this module turns a state into the heads'
-logits (`head_logits`) and a block's proposals (`draft_heads`).
+logits (`head_logits`) and a block's proposals (`draft_heads`, `draft_tree`).
 
-Deviations from the paper, each for a reason written next to it:
-- the head layer's second matrix is block lower-triangular ("nested heads"): group g only reads
+Where this departs from the paper, and why:
+- the head layer's second matrix is block lower-triangular ("nested heads"): group g reads only
   hidden chunks 1..g, so one checkpoint trained with K heads is exactly a k-head model for every
-  k <= K, and the cost of k heads grows as k^2/2 instead of K^2;
+  k <= K, and k heads cost k^2/2 instead of K^2;
 - head1="base" (default) makes p1 the untouched base logits, so a frozen base decodes exactly
   like the base; head1="layer" routes p1 through the head layer as the paper does;
 - every head's logits get the model's input prior (lr_prior, `ImageTransformerSR.with_prior`) at
   its own target position;
-- nbr_prior=True (the cpu preset) gives heads 2..K a learned log-prior over the offset of the
-  intensity they predict from two intensities already decoded: the nearest one of the same
-  channel to its left in the row, and the one above. Why: on cpu-frozen's greedy outputs, heads 2
-  and 3 landed within 2 levels of greedy's token less often (45%) than simply copying the
-  pixel to the left (51%): the decoder state does not carry recent intensities in a form the
-  one-layer heads can read. Fitting just these tables to 48 training faces, the rest frozen,
-  raised heads 2..6 from 37-50% to 54-58% within 2 levels (greedy outputs of 8 validation faces,
-  a one-off measurement, experiments/heads/). p1 never gets it, so a frozen base still decodes exactly
-  like the base. Zero in a fresh model: old weights load and compute unchanged;
-- nbr_draft=True (the cpu preset) lets those priors read the block's own
-  earlier proposals ("drafts"), so decoding makes a block's proposals one head at a time
-  (`draft_heads`): the left reference is always the pixel just left, decoded or proposed, and
-  G and B get a third, the pixel's previous channel plus the left pixel's difference of those two
-  channels. Why: the head that most often ends a block is head 2 (accepted on 36% of eps=2 steps
-  with the weights before nbr_draft), which had to guess the G after an R it could not see, though
-  that R is p1's own sure proposal. On those weights' greedy outputs (32 test faces) the G/B
-  reference lands within 2 levels of the token 52% of the time against 36% for the pixel to
-  the left. In training and in the exact-mode replay the drafts are the targets themselves:
-  a head's proposal only counts when every proposal before it was accepted.
+- nbr_prior=True gives heads 2..K a learned log-prior over the offset of the intensity they
+  predict from intensities already decoded (the nearest one of the same channel to its left, and
+  the one above): the decoder state does not carry recent intensities in a form the one-layer
+  heads can read. p1 never gets it, so a frozen base still decodes exactly like the base; zero in
+  a fresh model;
+- nbr_draft=True lets those priors read the block's own earlier proposals ("drafts"), so a
+  block's proposals are made one head at a time: the left reference is always the pixel just
+  left, decoded or proposed, and G and B get a third, the pixel's previous channel plus the left
+  pixel's difference of those two channels. In training and in the exact-mode replay the drafts
+  are the targets themselves: a head's proposal only counts when every one before it was accepted.
 
-Measured and not kept (experiments/heads/): draft_emb, the heads' hidden layer reading embedded
-intensities of the block (Hydra-style sequential draft heads): blocks 1-6% longer, but about half
-a model call more per step at batch 1 and slightly worse approximate output. `git log -S draft_refs`
-finds its code.
+What each choice measured, and the designs not kept: experiments/heads/README.md.
 """
 from __future__ import annotations
 

@@ -104,8 +104,8 @@ PRESETS = {
     # one epoch of the training split per 2 hours; a 1-token decoding call ~2.3 ms at batch 1
     # (bench-decode), so greedy decoding ~7 s per image alone, less per image in a batch
     "cpu": ModelConfig(lr_skip=True, lr_prior=True, nbr_prior=True, nbr_draft=True),
-    # for one short run on the lent GPU (gpu/README.md): the cpu preset's features, 1.5x as wide
-    # and 6 decoder layers; 7.25M parameters, so its compact checkpoint (14.8 MB) comes back in one file
+    # for training on a GPU (gpu/README.md): the cpu preset's features, 1.5x as wide
+    # and 6 decoder layers; 7.25M parameters (a compact checkpoint of 14.8 MB)
     "gpu": ModelConfig(d_model=192, n_heads=4, d_ff=768, n_enc_layers=2, n_dec_layers=6,
                        lr_skip=True, lr_prior=True, nbr_prior=True, nbr_draft=True),
     # img2img_transformer_b3 from PAPER.md, for GPU users

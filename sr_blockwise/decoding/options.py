@@ -59,32 +59,23 @@ class DecodeOptions:
     eps: int = 0  # eps rule: accept a proposal within eps intensity levels of p1's argmax
     top_k: int = 1  # topk rule: accept a proposal among p1's top_k values
     min_block: int = 1  # accept at least this many tokens per call, whatever the rule says
-    # > 0: sample at this temperature; with k > 1 by speculative sampling (the heads' sampled
-    # drafts accepted with probability min(1, p/q), a rejected one resampled from max(0, p - q)):
-    # the output has the distribution of plain one-token-per-call sampling. 0: greedy / blockwise
+    # > 0: sample at this temperature; with k > 1 by speculative sampling, which keeps plain
+    # sampling's distribution. 0: greedy / blockwise
     temperature: float = 0.0
     seed: int = 0
     # where proposals 2..k come from: "argmax", the heads' argmax (the paper; the grammar's
-    # exact-heads); for the eps rule "window", the centre of the most probable (2*eps+1)-wide
-    # window of the head's distribution, the value most likely to land within eps of p1's argmax;
-    # for the exact rule "recycle" (the grammar's exact): the heads' argmax, except at the
-    # positions the last call verified past its rejected proposal, where p1's own argmax from
-    # that call (those logits read the rejected token, yet exact mode's blocks grow 1.5 -> 2.1 at
-    # k=6, output unchanged; under the eps rule such proposals were accepted less often than the
-    # heads': experiments/recycled-proposals/). None: "recycle" where it applies (the exact rule,
-    # k > 1, min_block 1, no sampling), else "argmax"
+    # exact-heads); "window" (eps rule), the centre of the head's most probable (2*eps+1)-wide
+    # window; "recycle" (exact rule, the grammar's exact), the heads' argmax except where the last
+    # call verified past its rejected proposal, where p1's own argmax from that call. None:
+    # "recycle" where it applies (exact rule, k > 1, min_block 1, no sampling, no tree), else "argmax"
     propose: str | None = None
     # input guidance: the weight of the model's learned prior over (intensity - the 8x8 input's
-    # intensity of that cell and channel), in p1 and in every head. 1 is the model as trained;
-    # above 1 pulls every prediction toward the input (measured: 2 is closer to the real faces
-    # than 1 and lengthens blocks; large weights give the blocky nearest-neighbour upscale).
-    # Exact mode equals greedy decoding at the same weight.
+    # intensity of that cell and channel), in p1 and every head. 1: the model as trained; above 1
+    # pulls every prediction toward the input. Exact mode equals greedy at the same weight.
     prior_weight: float = 1.0
     # the cell guard (cell_guard): > 0 pulls a 4x4 cell back while it is decoded once its mean
-    # would end up more than this many levels off the cell's 8x8 input pixel, as in greedy
-    # decoding's collapses and rarely in real faces (experiments/cell-guard/); 0: off, the model
-    # as trained. It acts on p1 (the heads propose unguarded): exact mode equals greedy decoding
-    # with the same guard.
+    # would end up more than this many levels off the cell's 8x8 input pixel; 0: off. It acts on
+    # p1 (the heads propose unguarded), so exact mode equals greedy with the same guard.
     guard: float = 0.0
     # > 0: verify a tree of this many candidates per call (decoding/tree.py: several candidates
     # per position, the longest path that passes the rule is kept), k - 1 levels deep at most;
@@ -302,9 +293,7 @@ def default_prior_weight(model: ImageTransformerSR) -> float:
 
 
 MODES = ("greedy", "exact", "approx", "sample")
-# the cell guard's tolerance the apps (upscale, the demo, Upscaler) decode greedy, exact and
-# approximate mode with unless told otherwise: measured on 1,024 held-out faces
-# (experiments/cell-guard/)
+# the apps' cell guard for greedy, exact and approximate mode (experiments/cell-guard/)
 DEFAULT_GUARD = 32.0
 
 
@@ -312,17 +301,10 @@ def default_guard(mode: str) -> float:
     """The apps' cell guard for a mode (MODES): DEFAULT_GUARD where it was measured (greedy,
     exact, approx); sampling draws from the model's own distribution (0)."""
     return 0.0 if mode == "sample" else DEFAULT_GUARD
-# the prior weight the apps (upscale, demo) decode with unless told otherwise: measured on 96
-# held-out faces (experiments/input-guidance/)
+# the apps' input guidance (experiments/input-guidance/)
 DEFAULT_PRIOR_WEIGHT = 2.0
-# the block size each mode of the apps decodes with unless told otherwise. On the native engine
-# (2 threads) a 2-token call costs 1.2x a 1-token one and a 7-token call 2.0-3.0x, so exact mode is
-# fastest at k=2 (sr-blockwise bench-decode, batch 1 / 16 / 64: 1.04x / 1.31x / 1.29x greedy
-# against 1.01x / 1.27x / 1.08x at k=4 and 0.86x / 1.09x / 0.85x at k=6; the batch command's own
-# timing, one run, has k=4 level with k=2 at batch 16 and 32: experiments/batch-speed/); approximate mode, with
-# its window proposals, at k=4 (1.38-1.42x / 1.77-1.84x greedy at batch 1 / 16 against
-# 1.22-1.24x / 1.42-1.60x at k=2: experiments/window-proposals/), and so is speculative sampling (batch 8:
-# 1.56-1.85x plain sampling against 1.29-1.51x at k=2 and 1.33-1.65x at k=6: experiments/speculative-sampling/)
+# the apps' block size per mode: the fastest measured on the native engine, where a longer block's
+# call costs more (experiments/recycled-proposals/, window-proposals/, speculative-sampling/)
 DEFAULT_K = {"greedy": 1, "exact": 2, "approx": 4, "sample": 4}
 
 
@@ -331,8 +313,7 @@ def options_for(mode: str, k: int | None = None, eps: int = 2, temperature: floa
     """The user-facing modes (upscale's --mode and its flags, the demo, Upscaler.options), as
     decode-mode specs: greedy (k=1), exact (exact:k=K, identical to greedy), approx
     (eps-window=E:k=K: a token within E levels of greedy's choice is kept, the heads proposing the
-    centre of their most probable window, which gave longer blocks and a closer PSNR than their
-    argmax: experiments/window-proposals/), sample (sample:k=K:T=T:seed=S; k > 1 by speculative
+    centre of their most probable window), sample (sample:k=K:T=T:seed=S; k > 1 by speculative
     sampling, with plain sampling's distribution); all at the given input-prior weight (w=G;
     None: DecodeOptions' default, 1) and cell guard (guard=L; None: DecodeOptions' default, 0,
     off). k None: the mode's DEFAULT_K."""
