@@ -19,11 +19,12 @@ import pytest
 import torch
 from PIL import Image
 
-from apps.demo import build_app, launch, register
+from apps.demo import build_app, launch
 from sr_blockwise.api import DEFAULT_DTYPE, torch_dtype
 from sr_blockwise.examples import builtin_examples, celeba_examples
 from sr_blockwise import faces as F
 from sr_blockwise.checkpoints import load_model
+from sr_blockwise.cli.demo import register
 from sr_blockwise.data import BadImage, image_to_input, match_input, open_rgb
 from sr_blockwise.live import (FILL, Frame, block_map_image, compare, decode_live, final_markdown, parse_choice,
                                partial_image, pasted_view, photo_view, prepare_input, read_photo,
@@ -94,8 +95,8 @@ def png_header(w: int, h: int) -> bytes:
 # ---------------------------------------------------------------- without a server
 
 def test_import_is_light():
-    # `sr-blockwise --help` imports apps.demo: it must not pull in torch or gradio
-    code = "import sys, apps.demo; print('torch' in sys.modules, 'gradio' in sys.modules)"
+    # `sr-blockwise --help` imports the demo command's module: it must not pull in torch or gradio
+    code = "import sys, sr_blockwise.cli.demo; print('torch' in sys.modules, 'gradio' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

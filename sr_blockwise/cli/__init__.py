@@ -27,7 +27,7 @@ SUBCOMMAND_MODULES = [
     "sr_blockwise.cli.examples",  # examples
     "sr_blockwise.cli.upscale",  # upscale
     "sr_blockwise.cli.evaluate",  # evaluate
-    "apps.demo",  # demo
+    "sr_blockwise.cli.demo",  # demo
     "sr_blockwise.cli.rate",  # rate build / serve / analyze
     "sr_blockwise.cli.train",  # train
 ]

@@ -18,7 +18,6 @@ def cmd_build(a) -> int:
 
 def cmd_serve(a) -> int:
     from apps import check_port
-    from apps.rating import serve
 
     from ..rating import RatingService, open_study
     check_port(a.host, a.port)
@@ -30,6 +29,7 @@ def cmd_serve(a) -> int:
     if not (a.admin_token or os.environ.get("SR_BLOCKWISE_ADMIN_TOKEN")):
         print(f"admin token for the results tab: {token}")
     sys.stdout.flush()
+    from apps.rating import serve  # gradio, after the study opened: a bad study is reported first
     serve(service, token, a.host, a.port)
     return 0
 
