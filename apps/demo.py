@@ -25,7 +25,7 @@ import gradio as gr
 import numpy as np
 
 from sr_blockwise.data import BadImage, bicubic_upscale, match_input
-from sr_blockwise.decoding import DEFAULT_GUARD, options_for
+from sr_blockwise.decoding import DEFAULT_GUARD, options_per_mode
 from sr_blockwise.examples import write_examples
 from sr_blockwise.faces import DetectorMissing
 from sr_blockwise.live import (FILL, GREEDY_CALLS, TITLES, Frame, Prepared, block_map_image, compare,
@@ -349,11 +349,9 @@ def cleared(components) -> list:
 
 def checked_options(modes, k, eps, prior_weight, temperature, seed, guard) -> dict:
     """Each mode's decoding.DecodeOptions for the page's settings; a bad setting: one line on the page."""
-    if "sample" in modes and not temperature > 0:
-        raise gr.Error("The temperature must be above 0 to sample.", title="Bad setting", print_exception=False)
     try:
-        return {mode: options_for(mode, k, eps, temperature=temperature, seed=seed, prior_weight=prior_weight,
-                                  guard=0 if mode == "sample" else guard) for mode in modes}
+        return options_per_mode(modes, k=k, eps=eps, temperature=temperature, seed=seed, prior_weight=prior_weight,
+                                guard=guard)
     except ValueError as e:
         raise gr.Error(str(e), title="Bad setting", print_exception=False) from None
 

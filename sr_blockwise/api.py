@@ -120,30 +120,17 @@ class Upscaler:
         return self.model.cfg.n_blockwise
 
     def options(self, mode: str = "exact", k: int | None = None, eps: int | None = None,
-                temperature: float | None = None, seed: int = 0, prior_weight: float | None = None,
+                temperature: float | None = None, seed: int | None = None, prior_weight: float | None = None,
                 guard: float | None = None):
-        """decoding.DecodeOptions for a decode mode (decoding.MODES), checked against these weights.
-        k None: the mode's default block size (decoding.DEFAULT_K: 2 for exact, 4 for approx and
-        sample). eps (approx; default 2) and temperature (sample; default 1.0) are refused in the
-        other modes, which would not read them. prior_weight None: the weights' default input
-        guidance (decoding.default_prior_weight). guard None: the mode's default cell guard
-        (decoding.default_guard: 32 levels, none for sample); 0 turns it off."""
-        from .decoding import default_guard, default_prior_weight, options_for
-        if mode == "greedy" and k not in (None, 1):
-            raise ValueError(f"k={k}: greedy decoding takes one token per call; mode 'exact' gives the same "
-                             "output in blocks of up to k")
-        if eps is not None and mode != "approx":
-            raise ValueError(f"eps={eps}: only mode 'approx' accepts proposals within eps levels "
-                             f"(mode {mode!r} does not read it)")
-        if temperature is not None and mode != "sample":
-            raise ValueError(f"temperature={temperature:g}: only mode 'sample' draws at a temperature "
-                             f"(mode {mode!r} does not read it)")
-        w = default_prior_weight(self.model) if prior_weight is None else prior_weight
-        opts = options_for(mode, k=k, eps=2 if eps is None else eps,
-                           temperature=1.0 if temperature is None else temperature, seed=seed, prior_weight=w,
-                           guard=default_guard(mode) if guard is None else guard)
-        opts.check(self.model)
-        return opts
+        """decoding.DecodeOptions for a decode mode (decoding.MODES), checked against these weights
+        (decoding.mode_options). k None: the mode's default block size (decoding.DEFAULT_K: 2 for
+        exact, 4 for approx and sample). eps (approx; default 2), temperature and seed (sample;
+        default 1.0 and 0) are refused in the other modes, which would not read them. prior_weight
+        None: the weights' default input guidance (decoding.default_prior_weight). guard None: the
+        mode's default cell guard (decoding.default_guard: 32 levels, none for sample); 0 turns it off."""
+        from .decoding import mode_options
+        return mode_options(mode, k=k, eps=eps, temperature=temperature, seed=seed, prior_weight=prior_weight,
+                            guard=guard, model=self.model)
 
     def decode(self, lrs: np.ndarray, opts, seeds: Sequence[int] | None = None,
                progress=None) -> tuple[np.ndarray, list[ImageStats]]:
@@ -156,7 +143,7 @@ class Upscaler:
 
     def upscale(self, images, mode: str = "exact", k: int | None = None, eps: int | None = None,
                 temperature: float | None = None,
-                seed: int | Sequence[int] = 0, prior_weight: float | None = None, guard: float | None = None,
+                seed: int | Sequence[int] | None = None, prior_weight: float | None = None, guard: float | None = None,
                 match_input: bool = True, batch_size: int = 16, return_stats: bool = False):
         """Upscale one face, or a list of them, to 32x32.
 
@@ -172,7 +159,7 @@ class Upscaler:
         proposals within eps levels, default 2) or sample (at `temperature`, default 1.0; with k > 1
         by speculative sampling, the same distribution in fewer calls); eps and temperature are
         refused in the modes that would not read them. k: block size, 1..max_k (None: the mode's
-        default, decoding.DEFAULT_K). seed (sample):
+        default, decoding.DEFAULT_K). seed (sample; None: 0, refused in the other modes):
         an int for every image, or one per image; an image's sample depends on its input and
         seed only. prior_weight: input guidance, None for the weights' default. guard: the cell
         guard's tolerance in levels (decoding.cell_guard), None for the mode's default
@@ -184,13 +171,15 @@ class Upscaler:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         from .decoding import check_seed
-        seeds = list(seed) if isinstance(seed, (list, tuple, np.ndarray)) else [seed] * len(items)
+        per_image = isinstance(seed, (list, tuple, np.ndarray))
+        seeds = list(seed) if per_image else [0 if seed is None else seed] * len(items)
         for s in seeds:  # every image's seed, not only the first one the options see: before any decoding
             check_seed(s)
         if len(seeds) != len(items):
             raise ValueError(f"got {len(seeds)} seeds for {len(items)} images")
         opts = self.options(mode, k=k, eps=eps, temperature=temperature,
-                            seed=int(seeds[0]) if seeds else 0, prior_weight=prior_weight, guard=guard)
+                            seed=None if seed is None else int(seeds[0]) if seeds else 0,
+                            prior_weight=prior_weight, guard=guard)
         lrs = np.stack([self.prepare(x, None if single else f"image {i}") for i, x in enumerate(items)]) \
             if items else np.zeros((0, 8, 8, 3), np.uint8)
         outs, stats = [], []
@@ -221,7 +210,7 @@ class Upscaler:
                                                                    "prior_weight", "guard")})
         img = _photo(photo)
         boxes = _boxes(boxes)
-        r = img.info.get("full_size", img.size)[0] / img.width  # the photo's own px per px read
+        r = F.own_scale(img)  # the photo's own px per px read
         found, _ = F.faces_of(img, faces, [[v / r for v in b] for b in boxes], if_none)
         if not found:
             return []

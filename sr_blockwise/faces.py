@@ -92,7 +92,12 @@ class Face:
     matrix: np.ndarray  # (3, 3): photo point -> point of the 32x32 crop
     crop: np.ndarray  # (32, 32, 3) uint8: the aligned face, the model's framing
     lr: np.ndarray  # (8, 8, 3) uint8: what the model sees (data.image_to_input of the crop)
-    how: str  # "detected", "box" or "centre square"
+    how: str  # "detected", "box", "centre square", "celeba crop" or "as is"
+
+    @property
+    def as_is(self) -> bool:
+        """An 8x8 or 32x32 image taken as it is: the model's input or its face, no photo around it."""
+        return self.how == "as is"
 
     @property
     def size(self) -> float:
@@ -512,6 +517,12 @@ def celeba_face(img: Image.Image, box=CELEBA_BOX, landmarks=None, score: float =
     crop = photo_to_32(img, celeba_aligned=True)
     return Face(tuple(float(v) for v in box), landmarks, float(score), celeba_matrix(), crop,
                 image_to_input(Image.fromarray(crop))[0], "celeba crop")
+
+
+def own_scale(img: Image.Image) -> float:
+    """The photo's own pixels per pixel of the copy read: above 1 where a large photo is read at
+    reduced size (data.open_rgb records its own size as info["full_size"])."""
+    return img.info.get("full_size", img.size)[0] / img.width
 
 
 def as_is_face(img: Image.Image) -> Face:

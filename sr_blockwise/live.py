@@ -90,11 +90,11 @@ def _read_photo(path: str | Path, name: str, which: str) -> PhotoFaces:
         img = open_rgb(str(path))
     except BadImage as e:
         raise BadImage(str(e).replace(str(path), name)) from None
-    size = img.info.get("full_size", img.size)  # a large photo is read at reduced size
-    if size in ((8, 8), (32, 32)):
-        return PhotoFaces(img, name, size, [], "used as it is")
     from . import faces as F
+    size = img.info.get("full_size", img.size)  # a large photo is read at reduced size
     found, note = F.faces_of(img, which, if_none="skip")
+    if found and found[0].as_is:  # the model's input or its face: no face of a photo to offer
+        return PhotoFaces(img, name, size, [], "used as it is")
     return PhotoFaces(img, name, size, found, note)
 
 

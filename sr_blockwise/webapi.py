@@ -70,7 +70,7 @@ class Upscaling:
         self.model, self.service, self.weights_name = model, service, weights_name
 
     def options(self, p: Params) -> dict:
-        from .decoding import DEFAULT_GUARD, options_for
+        from .decoding import options_per_mode
         from .live import page_defaults
         k0, _, w0 = page_defaults(self.model)
         modes = [m.strip() for m in p.modes.split(",") if m.strip()]
@@ -79,12 +79,9 @@ class Upscaling:
             raise ApiError(422, f"modes: a comma-separated list of {', '.join(API_MODES)}; got {p.modes!r}")
         k = k0 if p.k is None else p.k
         w = w0 if p.guidance is None else p.guidance
-        guard = DEFAULT_GUARD if p.guard is None else p.guard
         try:
-            out = {m: options_for(m, k, p.eps, temperature=p.temperature, seed=p.seed, prior_weight=w,
-                                  guard=0 if m == "sample" else guard) for m in dict.fromkeys(modes)}
-            for o in out.values():
-                o.check(self.model)
+            out = options_per_mode(list(dict.fromkeys(modes)), k=k, eps=p.eps, temperature=p.temperature,
+                                   seed=p.seed, prior_weight=w, guard=p.guard, model=self.model)
         except ValueError as e:
             raise ApiError(422, str(e)) from None
         return out

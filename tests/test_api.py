@@ -135,14 +135,15 @@ def test_bad_settings_raise_value_errors(tiny):
                         ({"batch_size": 0}, "batch_size"), ({"seed": [1, 2]}, "2 seeds for 1 images"),
                         # arguments the mode would not read are refused, as the batch command's flags
                         ({"eps": 3}, "only mode 'approx'"), ({"mode": "approx", "temperature": 0.5}, "only mode 'sample'"),
-                        ({"mode": "greedy"}, "greedy decoding takes one token per call")]:
+                        ({"mode": "greedy"}, "greedy decoding takes one token per call"),
+                        ({"seed": 5}, r"seed=5: only mode 'sample' draws with a seed \(mode 'exact' does not read it\)")]:
         with pytest.raises(ValueError, match=message):
             tiny.upscale(img, **{"k": 4, **kw})
         if "batch_size" not in kw and "seed" not in kw:  # the same, for a photo with no face to decode
             with pytest.raises(ValueError, match=message):
                 tiny.upscale_faces(np.full((60, 90, 3), 200, np.uint8), if_none="skip", **{"k": 4, **kw})
     # every image's sampling seed is checked before any decoding, not only the first one
-    for seeds in ([0, -1], [0, 2**50], [0, 1.7], [0, None], None, 2.5):
+    for seeds in ([0, -1], [0, 2**50], [0, 1.7], [0, None], 2.5):
         with pytest.raises(ValueError, match="seed must be a whole number in 0.."):
             tiny.upscale([img, img], mode="sample", k=4, seed=seeds, batch_size=1)
     with pytest.raises(ValueError, match="no weights"):

@@ -648,3 +648,37 @@ def test_spec_grammar_examples_and_messages():
             DecodeOptions(**({"k": 4} | bad | {"propose": "recycle"})).validate()
     with pytest.raises(ValueError, match="seed=3 is for sampling"):
         decode(make_tiny(0), np.zeros((8, 8, 3), np.uint8), DecodeOptions(k=1, seed=3))
+
+
+def test_mode_settings_are_checked_in_one_wording_spelled_as_each_front_end_names_them():
+    """mode_options is the one check of the user-facing modes: the batch command's flags and the
+    APIs' keywords get the same sentence, each naming the setting its own way; a setting the mode
+    does not read is refused, not dropped."""
+    from sr_blockwise.decoding import mode_options, options_per_mode
+    cases = [({"mode": "greedy", "k": 4}, "--k 4", "k=4", "greedy decoding takes one token per call"),
+             ({"mode": "exact", "eps": 3}, "--eps 3", "eps=3", "only {approx} accepts proposals within eps levels"),
+             ({"mode": "approx", "temperature": 0.5}, "--temperature 0.5", "temperature=0.5", "only {sample} draws"),
+             ({"mode": "exact", "seed": 0}, "--seed 0", "seed=0", "only {sample} draws with a seed"),
+             ({"mode": "exact", "k": 0}, "--k 0", "k=0", "the block size must be >= 1"),
+             ({"mode": "approx", "eps": 300}, "--eps 300", "eps=300", "the tolerance must be in 0..255"),
+             ({"mode": "sample", "temperature": 0.0}, "--temperature 0", "temperature=0", "above 0"),
+             ({"mode": "sample", "seed": -1}, "--seed -1", "seed=-1", "a whole number"),
+             ({"mode": "exact", "guard": -1.0}, "--guard -1", "guard=-1", "intensity levels >= 0"),
+             ({"mode": "exact", "prior_weight": float("nan")}, "--prior-weight nan", "prior_weight=nan", "input guidance")]
+    for kw, flag, keyword, sentence in cases:
+        for flags, name, approx, sample in ((True, flag, "--mode approx", "--mode sample"),
+                                            (False, keyword, "mode 'approx'", "mode 'sample'")):
+            with pytest.raises(ValueError) as e:
+                mode_options(**kw, flags=flags)
+            said = str(e.value)
+            assert said.startswith(f"{name}: ") and sentence.format(approx=approx, sample=sample) in said, said
+    # defaults: the mode's k, the apps' guidance and guard; sampling unguarded
+    from sr_blockwise.decoding import DEFAULT_GUARD, DEFAULT_PRIOR_WEIGHT
+    assert mode_options("approx") == options_for("approx", 4, 2, prior_weight=DEFAULT_PRIOR_WEIGHT, guard=DEFAULT_GUARD)
+    assert mode_options("sample", seed=3).guard == 0 and mode_options("sample", seed=3).seed == 3
+    # a page's settings hold every mode's at once: each mode takes only what it reads
+    page = options_per_mode(["greedy", "exact", "approx", "sample"], k=4, eps=3, temperature=0.8, seed=5,
+                            prior_weight=1.0, guard=8.0)
+    assert page["greedy"].k == 1 and page["exact"].k == page["approx"].k == 4 and page["approx"].eps == 3
+    assert (page["sample"].temperature, page["sample"].seed, page["sample"].guard) == (0.8, 5, 0.0)
+    assert page["exact"].guard == page["approx"].guard == 8.0 and page["exact"].seed == 0

@@ -287,7 +287,7 @@ def test_client_errors_are_messages(server, files):
         client.predict(None, "", K, EPS, False, api_name="/upscale")
     with pytest.raises(AppError, match="2 faces found"):
         client.predict(handle_file(files["pair"]), "3", K, EPS, False, api_name="/upscale")
-    with pytest.raises(AppError, match="seed must be a whole number in 0.."):  # the decoder's check, one line
+    with pytest.raises(AppError, match="seed=-5: must be a whole number in 0.."):  # the modes' one check, one line
         client.predict(handle_file(files["pair"]), "", K, EPS, False, False, 1.0, True, 0.8, -5, api_name="/upscale")
     lr, face, note, view, gallery = client.predict(handle_file(files["pair"]), "", api_name="/preview")
     assert Image.open(lr).size == (8, 8) and Image.open(face).size == (32, 32)  # the queue still serves

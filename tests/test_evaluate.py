@@ -18,14 +18,15 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "evaluate.md"
 
 def test_parse_mode():
     assert ev.parse_mode("exact") == ev.Mode("exact")
-    assert ev.parse_mode("eps=2") == ev.Mode("eps=2", rule="eps", eps=2)
+    assert ev.parse_mode("eps=2") == ev.Mode("eps=2") and ev.Mode("eps=2").settings.rule == "eps"
     assert ev.parse_mode("Top-K=3").options(4).top_k == 3
     assert ev.parse_mode("topk=3").name == "top-k=3"
     m = ev.parse_mode("min-block=2")
-    assert (m.rule, m.min_block, m.options(4).is_exact) == ("exact", 2, False)
+    assert (m.settings.rule, m.settings.min_block, m.options(4).is_exact) == ("exact", 2, False)
     assert ev.parse_mode("exact").options(6).is_exact
     assert ev.parse_mode("exact").options(6).propose == "recycle" and ev.parse_mode("exact").options(1).k == 1
-    assert ev.parse_mode("exact-heads") == ev.Mode("exact-heads", propose="argmax")
+    assert ev.parse_mode("exact-heads") == ev.Mode("exact-heads")
+    assert ev.parse_mode("Exact_Heads").options(6).propose == "argmax"
     assert ev.parse_mode("exact-heads").options(6) == ev.DecodeOptions(k=6, propose="argmax")
     assert not ev.parse_mode("eps=2").options(6).is_exact
     w = ev.parse_mode("eps-window=2").options(6)

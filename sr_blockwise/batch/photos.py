@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..data import BadImage, bicubic_upscale, enlarge, image_to_input, open_rgb, read_input
+from ..data import BadImage, bicubic_upscale, enlarge, open_rgb, read_input
 from ..metrics import psnr, ssim
 
 
 @dataclass
 class Photo:
     """An input file's faces, as the batch command decodes them."""
-    image: Image.Image | None  # the photo as read (None for 8x8 and 32x32 inputs: used as they are)
-    faces: list  # faces.Face, largest first; for an 8x8 / 32x32 input, one (lr, face-or-None) pair
+    image: Image.Image  # the photo as read (a large one at reduced size)
+    faces: list  # faces.Face, largest first; an 8x8 / 32x32 input is one Face used as it is
     note: str  # what was found, e.g. "2 faces found" or "no face found ...: its centre square is used"
     warn: bool = False  # no face found: said on the terminal
 
@@ -24,12 +24,11 @@ class Photo:
 def load_photo(path: Path, which: str = "largest", no_face: str = "centre") -> Photo:
     """A file -> its faces (sr_blockwise.faces.faces_of): 8x8 and 32x32 images as they are;
     --faces none the centre square (CelebA's crop for 178x218)."""
-    img = open_rgb(path)
-    if img.size in ((8, 8), (32, 32)):
-        lr, face = image_to_input(img)
-        return Photo(None, [(lr, face)], "as is")
     from .. import faces as F
+    img = open_rgb(path)
     found, note = F.faces_of(img, which, if_none=no_face)
+    if found and found[0].as_is:
+        return Photo(img, found, "as is")
     # a warning where no face was found (--faces none asked for the centre square)
     return Photo(img, found, note, warn=which != "none" and (not found or found[0].how == "centre square"))
 
@@ -39,7 +38,7 @@ def paste_plan_of(ph: Photo):
     larger than the 32x32 output) and the faces pasted; (None, []) for an 8x8 / 32x32 input, whose
     result is the whole photo. A photo where no face was found is pasted nothing: the centre square
     that stood in for its face file is no face of the photo."""
-    if ph.image is None:
+    if ph.faces and ph.faces[0].as_is:
         return None, []
     from ..faces import paste_plan
     pasted = [] if ph.warn else ph.faces

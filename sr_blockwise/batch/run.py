@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from ..data import BadImage, bicubic_upscale, match_input
+from ..faces import own_scale
 from ..metrics import PSNR_SETTINGS, SSIM_SETTINGS
 from .files import FOREIGN, _resolve, check_writable, foreign_beside_inputs, save_atomic, sweep_temp_files
 from .photos import Photo, compare_strip, load_ground_truth, load_photo, paste_plan_of, quality
@@ -82,33 +83,15 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
     if cfg.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0: torch's default), got {cfg.threads}")
-    if cfg.mode == "greedy" and cfg.k not in (None, 1):
-        raise ValueError(f"--k {cfg.k}: greedy decoding takes one token per call; --mode exact gives "
-                         "the same output in blocks of up to --k")
-    # flags another mode would ignore are refused, not dropped: the run would not be what was asked
-    if cfg.eps is not None and cfg.mode != "approx":
-        raise ValueError(f"--eps {cfg.eps}: only --mode approx accepts proposals within eps levels "
-                         f"(--mode {cfg.mode} does not read it)")
-    if cfg.temperature is not None and cfg.mode != "sample":
-        raise ValueError(f"--temperature {cfg.temperature:g}: only --mode sample draws at a temperature "
-                         f"(--mode {cfg.mode} does not read it)")
-    if cfg.seed is not None and cfg.mode != "sample":
-        raise ValueError(f"--seed {cfg.seed}: only --mode sample draws with a seed (--mode {cfg.mode} does not read it)")
-    # the values, in the flags' own words (the decoder's checks would name its mode specs)
-    if cfg.k is not None and cfg.k < 1:
-        raise ValueError(f"--k {cfg.k}: the block size must be >= 1")
-    if cfg.eps is not None and not 0 <= cfg.eps <= 255:
-        raise ValueError(f"--eps {cfg.eps}: the tolerance must be in 0..255 intensity levels")
-    if cfg.temperature is not None and not (math.isfinite(cfg.temperature) and cfg.temperature > 0):
-        raise ValueError(f"--temperature {cfg.temperature:g}: must be a finite number above 0 "
-                         "(0 would be greedy decoding: --mode greedy)")
-    if cfg.seed is not None and not 0 <= cfg.seed < 2 ** 32:
-        raise ValueError(f"--seed {cfg.seed}: must be a whole number in 0..{2 ** 32 - 1}")
-    if cfg.guard is not None and not (math.isfinite(cfg.guard) and cfg.guard >= 0):
-        raise ValueError(f"--guard {cfg.guard:g}: must be a number of intensity levels >= 0 (0: off)")
-    if cfg.prior_weight is not None and not (math.isfinite(cfg.prior_weight) and cfg.prior_weight >= 0):
-        raise ValueError(f"--prior-weight {cfg.prior_weight:g}: the input guidance must be a number >= 0 "
-                         "(1: the model as trained)")
+    mode_settings(cfg)
+
+
+def mode_settings(cfg: Config):
+    """The decode mode's options from the flags, checked in the flags' own words (the model's
+    limits come when it loads)."""
+    from ..decoding import mode_options
+    return mode_options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
+                        prior_weight=cfg.prior_weight, guard=cfg.guard, flags=True)
 
 
 class BatchRun:
@@ -169,13 +152,9 @@ class BatchRun:
         run would."""
         from ..api import pick_device
         from ..checkpoints import card_config, default_weights, resolve
-        from ..decoding import options_for
 
         cfg = self.cfg
         self.seed = 0 if cfg.seed is None else cfg.seed
-        eps = 2 if cfg.eps is None else cfg.eps
-        temperature = 1.0 if cfg.temperature is None else cfg.temperature
-        options_for(cfg.mode, k=cfg.k, eps=eps, temperature=temperature, seed=self.seed)  # made again with the model
         if not cfg.dry_run:  # the machine's, not the arguments': a dry run may plan the work elsewhere
             pick_device(cfg.device)
         card = resolve(cfg.weights or default_weights())
@@ -225,7 +204,7 @@ class BatchRun:
         self.up = up = Upscaler(cfg.weights, device=cfg.device, dtype=cfg.dtype)
         self.check_k(up.max_k)  # a training checkpoint's heads are known once it loads
         # the weights' default guidance where none is given, the mode checked against these weights
-        self.opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=self.seed,
+        self.opts = up.options(cfg.mode, k=cfg.k, eps=cfg.eps, temperature=cfg.temperature, seed=cfg.seed,
                                prior_weight=cfg.prior_weight, guard=cfg.guard)
         why = not_native(up.model)
         if self.todo and why and up.device == "cpu":  # on a GPU the PyTorch engine is the one meant
@@ -369,7 +348,7 @@ class BatchRun:
             for n, f in enumerate(ph.faces):
                 if id(j) not in self.photos:  # a batch with its first faces failed: the rest would be dropped
                     break
-                batch.append((j, n, f[0] if isinstance(f, tuple) else f.lr))
+                batch.append((j, n, f.lr))
                 if len(batch) == cfg.batch_size:
                     yield batch
                     batch = []
@@ -408,14 +387,13 @@ class BatchRun:
     def row(self, j: Job, ph: Photo, n: int, st) -> dict:
         """Face n's metrics row, as decoded."""
         face = ph.faces[n]
-        aligned = not isinstance(face, tuple)
+        aligned = not face.as_is
         out = self.face_output(j, n, j.out)
         return {**self.names(j), "output": str(out), "relative": out.relative_to(self.cfg.outdir).as_posix(),
                 "status": "done", **self.base_row, "face": n,
                 "framing": face.how if aligned else ph.note, "faces_note": ph.note,
                 # in the photo's own pixels (a photo over 40 MP is read at reduced size)
-                "box": [round(v * ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width, 1)
-                        for v in face.box] if aligned else None,
+                "box": [round(v * own_scale(ph.image), 1) for v in face.box] if aligned else None,
                 "calls": st.calls, "mean_block": round(st.mean_block, 4), "seconds": round(st.seconds, 4)}
 
     def progress(self, tokens, done_counts, bmap, calls):
@@ -449,7 +427,7 @@ class BatchRun:
             s.calls.append(st.calls)
         s.faces += len(ph.faces)
         s.done += 1
-        if j.paste is not None and ph.image is not None:
+        if j.paste is not None and not ph.faces[0].as_is:
             s.pasted.append((str(j.src), paste_plan_of(ph)[0].note))
         self.bar.update(1)
 
@@ -476,7 +454,7 @@ class BatchRun:
         cfg, info = self.cfg, self.info
         img, lr, row, _ = results[n]
         face = ph.faces[n]
-        aligned = not isinstance(face, tuple)
+        aligned = not face.as_is
         out, compare = self.face_output(j, n, j.out), j.compare and self.face_output(j, n, j.compare)
         if _resolve(out) in info["protected"] or (compare and _resolve(compare) in info["protected"]):
             raise ValueError(f"{out} is an input file: not overwritten")
@@ -511,7 +489,7 @@ class BatchRun:
             return img
         from ..faces import paste_back
         whole = paste_back(ph.image, pasted, [results[i][0] for i in range(len(pasted))], at.scale)
-        own = ph.image.info.get("full_size", ph.image.size)[0] / ph.image.width
+        own = own_scale(ph.image)
         for i in results:  # the pasted photo's side / the photo's own (one read reduced: larger)
             results[i][2]["paste_scale"] = round(at.scale / own, 5)
         return whole

@@ -38,7 +38,7 @@ from . import engine as native
 from .guard import GUARD_SLOPE, cell_guard  # noqa: F401 (the package's API, as below)
 from .options import (DEFAULT_GUARD, DEFAULT_K, DEFAULT_PRIOR_WEIGHT, MODES, PROPOSALS, RULES,  # noqa: F401
                       SPEC_HELP, SPEC_MODES, DecodeOptions, check_seed, default_guard, default_prior_weight,
-                      options_for)
+                      mode_options, options_for, options_per_mode)
 from .replay import exact_block_stats  # noqa: F401
 from .results import DecodeResult, DecodeStats, pooled_block_hist  # noqa: F401
 from .rules import ACCEPT, accepted_length, window_centre  # noqa: F401

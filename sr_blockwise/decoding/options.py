@@ -323,3 +323,81 @@ def options_for(mode: str, k: int | None = None, eps: int = 2, temperature: floa
     spec = {"greedy": "greedy", "exact": f"exact:k={k}", "approx": f"eps-window={eps}:k={k}",
             "sample": f"sample:k={k}:T={temperature}:seed={seed}"}[mode]
     return DecodeOptions.parse(spec, prior_weight=prior_weight, guard=guard)
+
+
+def mode_options(mode: str, *, k: int | None = None, eps: int | None = None, temperature: float | None = None,
+                 seed: int | None = None, prior_weight: float | None = None, guard: float | None = None,
+                 model: ImageTransformerSR | None = None, flags: bool = False) -> DecodeOptions:
+    """A user-facing mode's DecodeOptions, checked: the one place the batch command, the Python API,
+    the demo and the HTTP API check their settings. A setting the mode does not read is refused,
+    not dropped (the decode would not be what was asked); each setting is named as its front end
+    spells it (flags: `--eps 3`, else `eps=3`). None takes the default: k the mode's DEFAULT_K,
+    eps 2, temperature 1, seed 0, guard default_guard(mode), prior_weight the model's
+    default_prior_weight (DEFAULT_PRIOR_WEIGHT without a model). With a model, its limits too."""
+    def name(setting, value=None):  # "--eps 3" / "eps=3"; without a value "--k" / "k"
+        called = f"--{setting.replace('_', '-')}" if flags else setting
+        if value is None:
+            return called
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        return f"{called} {shown}" if flags else f"{called}={shown}"
+
+    def mode_named(m):
+        return f"--mode {m}" if flags else f"mode {m!r}"
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    _check_mode_reads(mode, k, eps, temperature, seed, name, mode_named)
+    _check_mode_values(k, eps, temperature, seed, prior_weight, guard, name, mode_named)
+    if prior_weight is None:
+        prior_weight = default_prior_weight(model) if model is not None else DEFAULT_PRIOR_WEIGHT
+    opts = options_for(mode, k=k, eps=2 if eps is None else eps, temperature=1.0 if temperature is None else temperature,
+                       seed=0 if seed is None else seed, prior_weight=prior_weight,
+                       guard=default_guard(mode) if guard is None else guard)
+    if model is not None:
+        opts.check(model)
+    return opts
+
+
+def options_per_mode(modes, *, k, eps, temperature, seed, prior_weight, guard,
+                     model: ImageTransformerSR | None = None) -> dict[str, DecodeOptions]:
+    """Each mode's checked options from one page's settings, which hold every mode's at once (the
+    demo, the HTTP API): a mode gets the settings it reads (k: all but greedy; eps: approx;
+    temperature and seed: sample; guard: all but sample, which draws from the model unguarded)."""
+    return {m: mode_options(m, k=None if m == "greedy" else k, eps=eps if m == "approx" else None,
+                            temperature=temperature if m == "sample" else None,
+                            seed=seed if m == "sample" else None, prior_weight=prior_weight,
+                            guard=None if m == "sample" else guard, model=model) for m in modes}
+
+
+def _check_mode_reads(mode, k, eps, temperature, seed, name, mode_named) -> None:
+    """Refuse the settings a mode does not read."""
+    if mode == "greedy" and k not in (None, 1):
+        raise ValueError(f"{name('k', k)}: greedy decoding takes one token per call; {mode_named('exact')} gives "
+                         f"the same output in blocks of up to {name('k')}")
+    for setting, value, reader, what in (("eps", eps, "approx", "accepts proposals within eps levels"),
+                                         ("temperature", temperature, "sample", "draws at a temperature"),
+                                         ("seed", seed, "sample", "draws with a seed")):
+        if value is not None and mode != reader:
+            raise ValueError(f"{name(setting, value)}: only {mode_named(reader)} {what} "
+                             f"({mode_named(mode)} does not read it)")
+
+
+def _check_mode_values(k, eps, temperature, seed, prior_weight, guard, name, mode_named) -> None:
+    """Refuse values out of range, in the front end's own words."""
+    def finite_at_least(x, low):
+        return isinstance(x, (int, float)) and math.isfinite(x) and x >= low
+
+    if k is not None and k < 1:
+        raise ValueError(f"{name('k', k)}: the block size must be >= 1")
+    if eps is not None and not 0 <= eps <= 255:
+        raise ValueError(f"{name('eps', eps)}: the tolerance must be in 0..255 intensity levels")
+    if temperature is not None and not (finite_at_least(temperature, 0) and temperature > 0):
+        raise ValueError(f"{name('temperature', temperature)}: must be a finite number above 0 "
+                         f"(0 would be greedy decoding: {mode_named('greedy')})")
+    if seed is not None and not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
+        raise ValueError(f"{name('seed', seed)}: must be a whole number in 0..{2**32 - 1}")
+    if guard is not None and not finite_at_least(guard, 0):
+        raise ValueError(f"{name('guard', guard)}: must be a number of intensity levels >= 0 (0: off)")
+    if prior_weight is not None and not finite_at_least(prior_weight, 0):
+        raise ValueError(f"{name('prior_weight', prior_weight)}: the input guidance must be a number >= 0 "
+                         "(1: the model as trained)")

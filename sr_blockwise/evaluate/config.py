@@ -15,19 +15,18 @@ from ..model import SEQ_LEN
 
 @dataclass(frozen=True)
 class Mode:
-    name: str  # canonical label: exact, eps=2, top-k=3, min-block=2, oracle, greedy
-    rule: str = "exact"
-    eps: int = 0
-    top_k: int = 1
-    min_block: int = 1
-    # eps-window=E: "window" (the heads propose window centres); exact-heads: "argmax" (the heads'
-    # proposals alone); None: DecodeOptions' default for the rule (exact: recycled proposals)
-    propose: str | None = None
-    tree: int = 0  # candidates verified per call as a tree (0: the chain)
+    """A decode mode that --k and --prior-weight fill in: the grammar's MODE[:tree=N], canonical
+    (parse_mode), e.g. exact, eps-window=2, top-k=3, exact:tree=64. Its options come from the
+    grammar itself (decoding.DecodeOptions.parse)."""
+    name: str
 
     def options(self, k: int, prior_weight: float = 1.0) -> DecodeOptions:
-        return DecodeOptions(k=k, rule=self.rule, eps=self.eps, top_k=self.top_k, min_block=self.min_block,
-                             propose=self.propose, prior_weight=prior_weight, tree=self.tree)
+        return DecodeOptions.parse(self.name, k=k, prior_weight=prior_weight)
+
+    @property
+    def settings(self) -> DecodeOptions:
+        """The mode's rule, eps, top_k, min_block and tree, at a stand-in block size."""
+        return DecodeOptions.parse(self.name, k=16)
 
 
 def parse_mode(text: str) -> Mode:
@@ -48,9 +47,7 @@ def parse_mode(text: str) -> Mode:
             raise ValueError(f"unknown mode {text!r}: use greedy, exact, exact-heads, oracle, eps=E, eps-window=E, "
                              f"top-k=N or min-block=N") from None
         raise ValueError(f"mode {text!r}: {e}") from None
-    default = DecodeOptions(k=o.k, rule=o.rule, eps=o.eps, top_k=o.top_k, min_block=o.min_block, tree=o.tree).propose
-    return Mode(o.mode + (f":tree={o.tree}" if o.tree else ""), rule=o.rule, eps=o.eps, top_k=o.top_k,
-                min_block=o.min_block, propose=None if o.propose == default else o.propose, tree=o.tree)
+    return Mode(o.mode + (f":tree={o.tree}" if o.tree else ""))
 
 
 def parse_list(text, kind=str) -> list:

@@ -122,9 +122,10 @@ def _decode_record(name, variant, mode: Mode, k, run, greedy, real) -> dict:
     hist, mean_block = pooled_block_hist(stats)
     calls = float(np.mean([s.calls for s in stats]))
     spi = run["seconds"] / n
+    rule = mode.settings
     rec = new_record(weights=name, variant=variant, method="greedy" if mode.name == "greedy" else "blockwise",
-                     mode=mode.name, k=k, rule=mode.rule, eps=mode.eps, top_k=mode.top_k,
-                     min_block=mode.min_block, exact_by_construction=mode.options(k).is_exact,
+                     mode=mode.name, k=k, rule=rule.rule, eps=rule.eps, top_k=rule.top_k,
+                     min_block=rule.min_block, exact_by_construction=mode.options(k).is_exact,
                      n_images=n, n_images_decoded=n, block_stats_from="decoded",
                      mean_block=mean_block, block_hist=hist.tolist(),
                      calls_per_image=calls, seconds_per_image=spi, timing="measured",
@@ -300,7 +301,7 @@ class Evaluation:
                 for m in self.blockwise:
                     if k > K:
                         self.skipped.append(f"{weights_name(path)}: k={k} {m.name}: the weights have {K} heads")
-                    elif m.min_block > k:
+                    elif m.settings.min_block > k:
                         self.skipped.append(f"{weights_name(path)}: k={k} {m.name}: min-block larger than k")
                     else:
                         jobs.append((k, m))
