@@ -1,15 +1,15 @@
-"""A decode service for a server with many users: one worker thread owns the decoder and
-decodes, each round, every waiting face whose options match the oldest waiting face's in one
-batched decode() call. A request never waits for another request to finish, only for the
-round in progress: decode() keeps each image's own position and accepted length, so a face's
-output does not depend on the batch it was decoded in (samples get the seed they would get
-alone), and each request sees its own face's progress.
+"""A decode service for a server with many users: worker threads (one per core) decode every
+waiting face, faces with the same options together. On the native engine a worker runs a
+continuous batch (decoding.engine.ContinuousBatch): a face joins the running batch of its
+options between calls and leaves it when its last intensity is decoded, so a request never
+waits for another request to finish. Faces whose options differ (mode, k, eps, guidance, guard,
+temperature, tree) decode in separate batches, side by side on the workers, oldest first; trees
+and models the native engine does not run decode in rounds, one round at a time (the PyTorch
+engine's cache is the model's). Every face's output is the one it gets decoded alone (samples
+get the seed they would get alone), and each request sees its own face's progress.
 
-What this does not do: a face that arrives while a round runs joins the next round, not the
-running batch (that needs the native engine's Batch to take rows mid-decode), and faces whose
-options differ (mode, k, eps, guidance, guard, temperature, tree) decode in separate rounds,
-oldest first. The queue is bounded: a face beyond it is refused with Busy, which says when to
-try again; a cancelled face (its client left) leaves the queue, or its round's output is dropped.
+The queue is bounded: a face beyond it is refused with Busy, which says when to try again; a
+cancelled face (its client left) leaves the queue, or its batch.
 
 Importing this module is cheap: torch is imported by the worker.
 """
@@ -91,9 +91,13 @@ class Ticket:
 class DecodeService:
     """decode() for many callers at once. max_waiting: faces queued (not yet decoding) before
     submit refuses with Busy; max_batch: faces per decode() call; progress_every: model calls
-    between progress frames (only when some face in the round listens)."""
+    between progress frames (only when some face in the round listens); workers: rounds decoded
+    at once (the PyTorch engine's rounds one at a time all the same: its cache is the model's)."""
 
-    def __init__(self, model, max_waiting: int = 64, max_batch: int = 16, progress_every: int = 16):
+    def __init__(self, model, max_waiting: int = 64, max_batch: int = 4, progress_every: int = 16,
+                 workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self.model, self.max_waiting, self.max_batch = model, max_waiting, max_batch
         self.progress_every = progress_every
         self._waiting: deque[Ticket] = deque()
@@ -101,8 +105,12 @@ class DecodeService:
         self._closed = False
         self._face_seconds = 0.5  # a running estimate of decode seconds per face, for Retry-After
         self.served = self.rounds = self.refused = 0
-        self._worker = threading.Thread(target=self._run, name="sr-blockwise-serve", daemon=True)
-        self._worker.start()
+        self._torch_engine = threading.Lock()  # the PyTorch engine decodes with the model's own KV cache
+        self._streams: list = []  # (key, ContinuousBatch) of the continuous batches running
+        self._workers = [threading.Thread(target=self._run, name=f"sr-blockwise-serve-{i}", daemon=True)
+                         for i in range(workers)]
+        for w in self._workers:
+            w.start()
 
     # ---------------------------------------------------------------- callers
 
@@ -163,6 +171,7 @@ class DecodeService:
         with self._cond:
             self._drop_cancelled()
             return {"waiting": len(self._waiting), "max_waiting": self.max_waiting, "max_batch": self.max_batch,
+                    "workers": len(self._workers),
                     "served": self.served, "rounds": self.rounds, "refused": self.refused,
                     "face_seconds": round(self._face_seconds, 3)}
 
@@ -170,7 +179,8 @@ class DecodeService:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._worker.join(timeout=30)
+        for w in self._workers:
+            w.join(timeout=30)
 
     # ---------------------------------------------------------------- the worker
 
@@ -180,29 +190,99 @@ class DecodeService:
             t._finish(error=Cancelled())
 
     def _next_round(self) -> list[Ticket] | None:
-        """The oldest waiting face and every other waiting face with its options, up to max_batch."""
+        """The oldest waiting face that no running continuous batch will take, and every other
+        waiting face with its options, up to max_batch."""
         with self._cond:
             while True:
                 self._drop_cancelled()
-                if self._waiting or self._closed:
+                taken = {key for key, stream in self._streams if stream.free}
+                waiting = [t for t in self._waiting if t.key not in taken]
+                if waiting or self._closed:
                     break
                 self._cond.wait()
-            if not self._waiting:
+            if not waiting:
                 return None
-            key = self._waiting[0].key
-            batch = [t for t in self._waiting if t.key == key][: self.max_batch]
+            batch = [t for t in waiting if t.key == waiting[0].key][: self.max_batch]
+            for t in batch:
+                self._waiting.remove(t)
+            return batch
+
+    def _take(self, key: str, n: int) -> list[Ticket]:
+        """Up to n waiting faces of these options, oldest first, out of the queue."""
+        with self._cond:
+            self._drop_cancelled()
+            batch = [t for t in self._waiting if t.key == key][:n]
             for t in batch:
                 self._waiting.remove(t)
             return batch
 
     def _run(self) -> None:
+        from .decoding.engine import engine_for
         while (batch := self._next_round()) is not None:
             try:
-                self._decode_round(batch)
+                if engine_for(self.model, batch[0].opts) == "native":
+                    self._decode_continuously(batch)
+                else:
+                    with self._torch_engine:
+                        self._decode_round(batch)
             except BaseException as e:  # each face's caller raises it; the worker goes on
                 for t in batch:
                     if not t.done.is_set():
                         t._finish(error=e)
+
+    def _decode_continuously(self, batch: list[Ticket]) -> None:
+        """A continuous batch of these faces' options: the faces of those options that arrive
+        join it between calls, until none is left decoding."""
+        from .decoding.engine import ContinuousBatch
+        opts, key = batch[0].opts, batch[0].key
+        stream = ContinuousBatch(self.model, opts, self.max_batch)
+        decoding: dict[int, Ticket] = {}
+        entry = (key, stream)
+        with self._cond:
+            self._streams.append(entry)
+            self.rounds += 1
+        try:
+            while batch or stream.live:
+                if batch:
+                    self._admit(stream, batch, decoding)
+                for tag, result in stream.run(self.progress_every):
+                    self._finished(decoding.pop(tag), result)
+                left = [tag for tag, t in decoding.items() if t.cancelled]
+                if left:
+                    stream.drop(left)
+                    for tag in left:
+                        decoding.pop(tag)._finish(error=Cancelled())
+                self._report(stream, decoding)
+                batch = self._take(key, stream.free) if stream.free else []
+        except BaseException as e:  # each face's caller raises it
+            for t in [*batch, *decoding.values()]:
+                t._finish(error=e)
+            raise
+        finally:
+            with self._cond:
+                self._streams.remove(entry)
+                self._cond.notify_all()  # faces of these options that came meanwhile: another batch
+
+    def _admit(self, stream, batch: list[Ticket], decoding: dict) -> None:
+        seeds = [t.opts.seed * SAMPLE_SEED_STRIDE for t in batch] if batch[0].opts.temperature > 0 else None
+        stream.admit(np.stack([t.lr for t in batch]), [id(t) for t in batch], seeds)
+        decoding.update((id(t), t) for t in batch)
+        batch.clear()
+
+    def _finished(self, t: Ticket, result) -> None:
+        self._face_seconds = 0.8 * self._face_seconds + 0.2 * result.seconds / max(1, result.extra["batch"])
+        with self._cond:
+            self.served += 1
+        t._finish(result)
+
+    def _report(self, stream, decoding: dict) -> None:
+        """Each listening face's progress, as a Frame."""
+        from .live import Frame
+        if any(t.progress is not None for t in decoding.values()):
+            for tag, tokens, done, bmap, calls, seconds in stream.progress():
+                t = decoding[tag]
+                if t.progress is not None and not t.cancelled:
+                    t.progress(Frame(tokens, done, bmap, calls, seconds))
 
     def _decode_round(self, batch: list[Ticket]) -> None:
         from .decoding import DecodeResult, decode

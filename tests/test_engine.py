@@ -301,3 +301,47 @@ def test_output_does_not_depend_on_the_thread_count(bf16_weights, kernel, monkey
     worker.start()
     worker.join()
     assert out[0][0] == 1 and np.array_equal(out[0][1], two)
+
+
+@pytest.mark.parametrize("bf16_weights", [False, True])
+def test_images_that_join_a_running_batch_decode_as_alone(bf16_weights):
+    """Continuous batching: images admitted between calls into slots that others left (their KV
+    caches hold the last image's keys) give the output, block sizes and calls of each decoded
+    alone, in every mode; a dropped image frees its slot and leaves the others as they were."""
+    m = make_tiny(3, d_model=64)
+    m = (m.to(torch.bfloat16) if bf16_weights else m).for_inference(torch.float32)
+    lr = np.random.default_rng(3).integers(0, 256, (7, 8, 8, 3), dtype=np.uint8)
+    seeds = [7 * 1_000_003 + i for i in range(7)]
+    for opts in (DecodeOptions(k=1), DecodeOptions(k=4, propose="recycle", guard=8),
+                 DecodeOptions(k=4, rule="eps", eps=2, propose="window"), DecodeOptions(k=4, temperature=0.9)):
+        sampled = opts.temperature > 0
+        stream = engine.ContinuousBatch(m, opts, slots=3)
+        stream.admit(lr[:2], [0, 1], seeds[:2] if sampled else None)
+        done, joined, crossings = {}, 2, 0
+        while stream.live or joined < 7:
+            if stream.free and joined < 7 and crossings % 5 == 0:  # between calls, while others decode
+                n = min(stream.free, 7 - joined)
+                stream.admit(lr[joined:joined + n], list(range(joined, joined + n)),
+                             seeds[joined:joined + n] if sampled else None)
+                joined += n
+            done.update(stream.run(max_calls=9))
+            crossings += 1
+        assert max(r.extra["batch"] for r in done.values()) == 3  # the slots were shared
+        for i in range(7):
+            alone = decode(m, lr[i:i + 1], opts, seeds=seeds[i:i + 1] if sampled else None)
+            assert np.array_equal(done[i].images[0], alone.images[0]), (opts, i)
+            assert done[i].stats[0].block_hist == alone.stats[0].block_hist
+            assert done[i].stats[0].calls == alone.stats[0].calls
+    stream = engine.ContinuousBatch(m, DecodeOptions(k=4), slots=2)
+    stream.admit(lr[:2], ["left", "stays"])
+    stream.run(max_calls=3)
+    stream.drop(["left"])
+    assert stream.free == 1
+    stream.admit(lr[2:3], ["new"])
+    results = {}
+    while stream.live:
+        results.update(stream.run(max_calls=50))
+    assert set(results) == {"stays", "new"}
+    assert np.array_equal(results["stays"].images[0], decode(m, lr[1:2], DecodeOptions(k=4)).images[0])
+    with pytest.raises(ValueError, match="continuous batching runs on the native engine"):
+        engine.ContinuousBatch(m, DecodeOptions(k=4, tree=8), slots=2)

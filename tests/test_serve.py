@@ -18,7 +18,7 @@ from PIL import Image
 
 from conftest import two_faces
 from sr_blockwise.checkpoints import load_model
-from sr_blockwise.decoding import decode, options_for
+from sr_blockwise.decoding import DecodeOptions, decode, options_for
 from sr_blockwise.serve import Busy, DecodeService
 from sr_blockwise.webapi import API_PATH, Upscaling, make_api
 
@@ -78,14 +78,19 @@ def serve_api(app):
 
 # ---------------------------------------------------------------- the service
 
-def test_concurrent_faces_equal_each_decoded_alone(model, rng):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_concurrent_faces_equal_each_decoded_alone(model, rng, workers):
     """Faces of several modes submitted at once from many threads, batched together where their
-    options match: each output is the one decode() gives that face alone."""
+    options match, with one worker or rounds side by side (trees decode on the PyTorch engine,
+    whose cache is the model's: its rounds one at a time): each output is the one decode() gives
+    that face alone."""
     lrs = rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
     modes = [options_for("exact", 4, 0), options_for("approx", 4, 8),
              options_for("sample", 4, 0, temperature=0.9, seed=5)]
+    if workers > 1:
+        modes += [DecodeOptions.parse("exact-heads:k=4:tree=4"), DecodeOptions.parse("eps=2:k=4:tree=6")]
     jobs = [(lr, o) for lr in lrs for o in modes]
-    service = DecodeService(model, max_batch=8)
+    service = DecodeService(model, max_batch=8, workers=workers)
     got = [None] * len(jobs)
     start = threading.Barrier(len(jobs))
 
@@ -103,6 +108,29 @@ def test_concurrent_faces_equal_each_decoded_alone(model, rng):
     assert max(r.extra["batch"] for r in got) > 1
     for (lr, o), r in zip(jobs, got):
         alone = decode(model, lr[None], o)
+        assert (r.images == alone.images).all() and r.stats[0].calls == alone.stats[0].calls
+
+
+def test_a_face_that_arrives_while_its_options_decode_joins_the_running_batch(model, rng):
+    """Continuous batching: a face submitted while a face of the same options decodes joins that
+    batch between calls (no round of its own, no waiting for the first to finish), and both
+    outputs are those of each face decoded alone."""
+    service = DecodeService(model, max_batch=4, progress_every=1)
+    opts = options_for("approx", 4, 2)
+    lrs = rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    later = []
+
+    def first_frame(frame):  # called by the worker between calls of the running batch
+        if not later:
+            later.append(service.submit(lrs[1], opts))
+    first = service.submit(lrs[0], opts, first_frame)
+    a = first.wait(120)
+    b = later[0].wait(120)
+    info = service.info()
+    service.close()
+    assert info["rounds"] == 1 and b.extra["batch"] == 2
+    for lr, r in zip(lrs, (a, b)):
+        alone = decode(model, lr[None], opts)
         assert (r.images == alone.images).all() and r.stats[0].calls == alone.stats[0].calls
 
 

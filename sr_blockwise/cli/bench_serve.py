@@ -2,6 +2,8 @@
 (sr_blockwise/serve_bench.py)."""
 from __future__ import annotations
 
+import os
+
 
 def cmd_bench_serve(a) -> int:
     import json
@@ -17,7 +19,9 @@ def cmd_bench_serve(a) -> int:
     fields = {"modes": a.modes, "k": a.k, "eps": a.eps, "face": a.face}
     servers = [("url", a.url, None)] if a.url else (
         ([("before", None, ["--one-at-a-time"])] if a.before else [])
-        + [("after", None, ["--max-waiting", str(a.max_waiting), "--max-batch", str(a.max_batch)])])
+        + [(f"after, {n} worker{'s' * (n != 1)}" if len(a.decode_workers) > 1 else "after", None,
+            ["--max-waiting", str(a.max_waiting), "--max-batch", str(a.max_batch), "--decode-workers", str(n)])
+           for n in a.decode_workers])
     logs = Path(tempfile.mkdtemp(prefix="sr-blockwise-bench-serve-"))
     rows, reference = [], None
     print(f"bench-serve: {', '.join(map(str, levels))} clients, {a.seconds:g} s each; {len(photo):,} byte photo; "
@@ -72,6 +76,10 @@ def register(sub) -> None:
                    help="post the same bytes every time (the server may reuse an earlier upload's faces)")
     p.add_argument("--weights", default=None, help="the started server's weights (default: the shipped default)")
     p.add_argument("--max-waiting", type=int, default=64, help="the started server's queue of faces")
-    p.add_argument("--max-batch", type=int, default=16, help="the started server's faces per decode")
+    p.add_argument("--max-batch", type=int, default=4, help="the started server's faces per decode")
+    p.add_argument("--decode-workers", type=lambda s: [int(n) for n in s.split(",")],
+                   default=[len(os.sched_getaffinity(0))],
+                   help="the started server's decode workers; several (e.g. 1,2): a server for each, compared "
+                        "in one run (default: this machine's cores)")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
     p.set_defaults(func=cmd_bench_serve)

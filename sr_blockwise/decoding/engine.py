@@ -315,19 +315,9 @@ class Batch:
         self.weights, self.B, self.k = weights, B, k
         d = cfg.d_model
         cache_len = 4 * cfg.block_len + 64  # the ring (engine.cpp) and the reads past a window's end; tiles of 32
-        with torch.no_grad():
-            pos = torch.arange(SEQ_LEN)
-            pe = model.row_emb(model.tgt_r) + model.col_emb(model.tgt_c) + model.ch_emb(model.tgt_ch)
-            pe = pe.expand(B, -1, -1)
-            if model.lr_emb is not None:
-                pe = pe + model.lr_emb(model.cell_intensity(src, pos.expand(B, -1)) + VOCAB * model.tgt_ch)
-            self.pos_emb = _f32(pe)
-            self.cell = model.cell_intensity(src, pos.expand(B, -1)).to(torch.int32).contiguous()
-            enc = model.encode(src)
-            kv = model.cross_kv(enc)
-            H = cfg.n_heads
-            self.enc_k = [_keys(_f32(k_), H, weights.bf16) for k_, _ in kv]
-            self.enc_v = [_values(_f32(v_), H, weights.bf16) for _, v_ in kv]
+        self.model = model
+        self.pos_emb, self.cell, self.enc_k, self.enc_v = self._inputs(src)
+        H = cfg.n_heads
         empty = torch.zeros(B, cache_len, d)
         self.k_cache = [_keys(empty, H, weights.bf16) for _ in range(cfg.n_dec_layers)]
         self.v_cache = [_values(empty, H, weights.bf16) for _ in range(cfg.n_dec_layers)]
@@ -353,6 +343,33 @@ class Batch:
         self.hist = torch.zeros(B, k, dtype=torch.int64)
         self.calls = torch.ones(B, dtype=torch.int64)  # the first, prefix-free call
         self._noise = None  # sampling's noise tables (sample_with)
+
+    def _inputs(self, src: torch.Tensor) -> tuple:
+        """What the engine reads of each image's input: each position's input embedding, the 8x8
+        intensity under it, and the encoder's cross-attention keys and values per layer."""
+        model, B, H = self.model, src.shape[0], self.weights.cfg.n_heads
+        with torch.no_grad():
+            pos = torch.arange(SEQ_LEN).expand(B, -1)
+            pe = model.row_emb(model.tgt_r) + model.col_emb(model.tgt_c) + model.ch_emb(model.tgt_ch)
+            pe = pe.expand(B, -1, -1)
+            if model.lr_emb is not None:
+                pe = pe + model.lr_emb(model.cell_intensity(src, pos) + VOCAB * model.tgt_ch)
+            cell = model.cell_intensity(src, pos).to(torch.int32).contiguous()
+            kv = model.cross_kv(model.encode(src))
+        return (_f32(pe), cell, [_keys(_f32(k_), H, self.weights.bf16) for k_, _ in kv],
+                [_values(_f32(v_), H, self.weights.bf16) for _, v_ in kv])
+
+    def load(self, rows: torch.Tensor, src: torch.Tensor) -> None:
+        """New images into the slots `rows` (int64) of a batch that goes on decoding its others:
+        their inputs in place (the engine holds pointers to these tensors) and their counters
+        reset; start() then makes their first call."""
+        pos_emb, cell, enc_k, enc_v = self._inputs(src)
+        self.pos_emb[rows], self.cell[rows] = pos_emb, cell
+        for ours, theirs in zip(self.enc_k + self.enc_v, enc_k + enc_v):
+            ours[rows] = theirs
+        for x in (self.tokens, self.block_map, self.t, self.props, self.hist):
+            x[rows] = 0
+        self.calls[rows] = 1
 
     def options(self, rule="exact", eps=0, top_k=1, min_block=1, window=0, temperature=0.0,
                 recycle=False) -> _Options:
@@ -526,3 +543,90 @@ def decode_native(model, lr, opts, progress, progress_every, proposer, seeds=Non
         progress(tokens, batch.t.numpy().copy(), batch.block_map.numpy().copy(), n_calls)
     return DecodeResult(from_tokens(tokens), stats, batch.block_map.numpy().copy(), seconds, n_calls,
                         {"engine": "native"})
+
+
+class ContinuousBatch:
+    """Continuous batching on the native engine: up to `slots` images with the same options decode
+    together, each in a slot of its own; an image joins between calls (its first call then) and
+    leaves when its last intensity is decoded, while the others go on. Each image's output is the
+    one it gets decoded alone: its arithmetic reads only its own row (engine.cpp). Images are
+    known by the caller's tags."""
+
+    def __init__(self, model: ImageTransformerSR, opts, slots: int):
+        if engine_for(model, opts) != "native":
+            raise ValueError("continuous batching runs on the native engine: "
+                             + (not_native(model) or "trees run on the torch and static engines"))
+        self.opts, self.slots = opts, slots
+        self.batch = Batch(model, torch.zeros(slots, SRC_LEN, dtype=torch.int64), opts.k, opts.prior_weight,
+                           opts.guard, GUARD_SLOPE)
+        if opts.temperature > 0:  # every slot's noise, filled in as images join
+            speculative = opts.k > 1
+            self.batch.sample_with((torch.zeros(slots, SEQ_LEN, VOCAB), torch.zeros(slots, SEQ_LEN) if speculative else None,
+                                    torch.zeros(slots, SEQ_LEN, VOCAB) if speculative else None))
+            self.copts = self.batch.options("sample", temperature=opts.temperature)
+        else:
+            window = opts.eps if opts.propose == "window" and opts.eps > 0 else 0
+            self.copts = self.batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window,
+                                            recycle=opts.propose == "recycle")
+        self.rows = torch.zeros(slots, dtype=torch.int64)  # rows[:live]: the slots decoding, in order
+        self.live = 0
+        self.tags: list = [None] * slots
+        self.started = [0.0] * slots
+        self.shared = [0] * slots  # the most images a slot's image decoded beside (itself included)
+
+    @property
+    def free(self) -> int:
+        return self.slots - self.live
+
+    def admit(self, lrs: np.ndarray, tags: list, seeds: list | None = None) -> None:
+        """Images (n, 8, 8, 3) uint8 into free slots, their first call made; seeds: sampling's
+        per-image seed (decoding.sampling_noise), as decode() gets them."""
+        n = len(lrs)
+        if n > self.free:
+            raise ValueError(f"{n} images for {self.free} free slots")
+        taken = set(self.rows[:self.live].tolist())
+        slots = torch.tensor([s for s in range(self.slots) if s not in taken][:n], dtype=torch.int64)
+        self.batch.load(slots, torch.from_numpy(to_tokens(lrs)))
+        if self.opts.temperature > 0:
+            for table, rows in zip(self.batch._noise, sampling_noise(n, self.opts, "cpu", seeds,
+                                                                       speculative=self.opts.k > 1)):
+                if table is not None:
+                    table[slots] = rows
+        self.batch.start(self.copts, slots)
+        now = time.perf_counter()
+        for s, tag in zip(slots.tolist(), tags):
+            self.tags[s], self.started[s], self.shared[s] = tag, now, 0
+        self.rows[self.live:self.live + n] = slots
+        self.live += n
+
+    def run(self, max_calls: int) -> list[tuple[object, DecodeResult]]:
+        """Calls of every decoding image, up to max_calls in one crossing (fewer where an image
+        finishes); returns the images that finished, each (tag, its DecodeResult)."""
+        if not self.live:
+            return []
+        before = self.rows[:self.live].tolist()
+        for s in before:
+            self.shared[s] = max(self.shared[s], len(before))
+        self.live, _ = self.batch.iterate(self.copts, self.rows, self.live, max_calls=max_calls)
+        still = set(self.rows[:self.live].tolist())
+        return [(self.tags[s], self.result(s)) for s in before if s not in still]
+
+    def result(self, slot: int) -> DecodeResult:
+        b = self.batch
+        seconds = time.perf_counter() - self.started[slot]
+        stats = DecodeStats(int(b.calls[slot]), b.hist[slot].tolist(), seconds)
+        tokens = b.tokens[slot:slot + 1, :SEQ_LEN].numpy().copy()
+        return DecodeResult(from_tokens(tokens), [stats], b.block_map[slot:slot + 1].numpy().copy(), seconds,
+                            int(b.calls[slot]), {"engine": "native", "batch": self.shared[slot]})
+
+    def progress(self) -> list[tuple[object, np.ndarray, int, np.ndarray, int, float]]:
+        """Each decoding image's (tag, tokens, decoded length, block map, calls, seconds)."""
+        b, now = self.batch, time.perf_counter()
+        return [(self.tags[s], b.tokens[s, :SEQ_LEN].numpy().copy(), int(b.t[s]), b.block_map[s].numpy().copy(),
+                 int(b.calls[s]), now - self.started[s]) for s in self.rows[:self.live].tolist()]
+
+    def drop(self, tags) -> None:
+        """Stop decoding these images (e.g. their callers left); their slots free."""
+        keep = [s for s in self.rows[:self.live].tolist() if self.tags[s] not in tags]
+        self.rows[:len(keep)] = torch.tensor(keep, dtype=torch.int64)
+        self.live = len(keep)
