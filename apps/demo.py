@@ -4,8 +4,8 @@
 This file only draws the page (layout), answers its events (the handlers) and connects the two
 (wire). The weights load through sr_blockwise.api.Upscaler; a photo's faces (found and aligned to
 the training framing, or boxed by hand by two clicks on the photo) and live decoding come from
-sr_blockwise.live, the batch command's and the API's faces and decoder; the decodes of many users
-at once share sr_blockwise.serve's decode service, which the HTTP API (sr_blockwise.webapi,
+sr_blockwise.serving.live, the batch command's and the API's faces and decoder; the decodes of many users
+at once share sr_blockwise.serving.service's decode service, which the HTTP API (sr_blockwise.serving.webapi,
 mounted on the same server) uses too. The page is fully offline: no analytics, fonts or assets
 from the internet.
 """
@@ -28,11 +28,11 @@ from sr_blockwise.data import BadImage, bicubic_upscale, match_input
 from sr_blockwise.decoding import DEFAULT_GUARD, options_per_mode
 from sr_blockwise.examples import write_examples
 from sr_blockwise.faces import DetectorMissing
-from sr_blockwise.live import (FILL, GREEDY_CALLS, TITLES, Frame, Prepared, block_map_image, compare,
+from sr_blockwise.serving.live import (FILL, GREEDY_CALLS, TITLES, Frame, Prepared, block_map_image, compare,
                                final_markdown, page_defaults, partial_image, pasted_view, photo_view,
                                prepare_input, read_photo, result_stats, running_markdown, view_to_photo)
-from sr_blockwise.serve import Busy, DecodeService
-from sr_blockwise.webapi import Upscaling, make_api
+from sr_blockwise.serving.service import Busy, DecodeService
+from sr_blockwise.serving.webapi import Upscaling, make_api
 
 UPLOAD_MB = 64  # the largest upload the page and the HTTP API take
 PAGE_REQUESTS = 32  # the page's upscale requests served at once (their decodes batched)
@@ -91,7 +91,7 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, max_queue=64, prevent
            quiet=False):
     """Start the server, the page and the HTTP API (webapi.API_PATH) on it; queue limits keep
     several users fairly served (FIFO, bounded)."""
-    from sr_blockwise.webapi import API_PATH
+    from sr_blockwise.serving.webapi import API_PATH
     demo.queue(max_size=max_queue, default_concurrency_limit=1)
     out = demo.launch(server_name=host, server_port=port, share=share, css=CSS,
                       prevent_thread_lock=True, quiet=quiet, show_error=False,

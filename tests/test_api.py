@@ -287,7 +287,7 @@ def test_the_default_block_size_is_the_same_everywhere():
     import inspect
 
     from sr_blockwise.decoding import DEFAULT_K, MODES
-    from sr_blockwise.live import page_defaults
+    from sr_blockwise.serving.live import page_defaults
     from sr_blockwise.upscale import Config
     assert Config.k is None and set(DEFAULT_K) == set(MODES)
     up = Upscaler("cpu-finetuned")

@@ -26,7 +26,7 @@ from sr_blockwise import faces as F
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.cli.demo import register
 from sr_blockwise.data import BadImage, image_to_input, match_input, open_rgb
-from sr_blockwise.live import (FILL, Frame, block_map_image, compare, decode_live, final_markdown, parse_choice,
+from sr_blockwise.serving.live import (FILL, Frame, block_map_image, compare, decode_live, final_markdown, parse_choice,
                                partial_image, pasted_view, photo_view, prepare_input, read_photo,
                                running_markdown,
                                view_to_photo)

@@ -1,5 +1,5 @@
-"""The decode service (sr_blockwise/serve.py) and the HTTP API beside the demo's page
-(sr_blockwise/webapi.py): real servers on 127.0.0.1, the random tiny model from conftest."""
+"""The decode service (sr_blockwise/serving/service.py) and the HTTP API beside the demo's page
+(sr_blockwise/serving/webapi.py): real servers on 127.0.0.1, the random tiny model from conftest."""
 import base64
 import http.client
 import io
@@ -19,8 +19,8 @@ from PIL import Image
 from conftest import two_faces
 from sr_blockwise.checkpoints import load_model
 from sr_blockwise.decoding import DecodeOptions, decode, options_for
-from sr_blockwise.serve import Busy, DecodeService
-from sr_blockwise.webapi import API_PATH, Upscaling, make_api
+from sr_blockwise.serving.service import Busy, DecodeService
+from sr_blockwise.serving.webapi import API_PATH, Upscaling, make_api
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +276,7 @@ def test_api_too_large_and_queue_full(model):
 
 def test_bench_serve_against_a_running_server(demo_server, tmp_path, capsys):
     from sr_blockwise.cli import main
-    from sr_blockwise.serve_bench import fresh_bytes
+    from sr_blockwise.serving.bench import fresh_bytes
     two_faces().save(tmp_path / "pair.png")
     two_faces().save(tmp_path / "pair.jpg", quality=90)
     for f in ("pair.png", "pair.jpg"):  # new bytes, the same pixels
@@ -328,5 +328,5 @@ def test_a_client_that_leaves_frees_its_place(model, rng):
 
 def test_limit_malloc_arenas():
     import platform
-    from sr_blockwise.serve import limit_malloc_arenas
+    from sr_blockwise.serving.service import limit_malloc_arenas
     assert limit_malloc_arenas(8) or platform.libc_ver()[0] != "glibc"

@@ -1,5 +1,5 @@
 """`sr-blockwise bench-serve`: the demo server's HTTP API under many clients at once
-(sr_blockwise/serve_bench.py)."""
+(sr_blockwise/serving/bench.py)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ def cmd_bench_serve(a) -> int:
     import tempfile
     from pathlib import Path
 
-    from .. import serve_bench as B
+    from ..serving import bench as B
 
     levels = [int(n) for n in a.clients.split(",")]
     if not levels or min(levels) < 1 or a.seconds <= 0:

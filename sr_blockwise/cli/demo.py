@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..api import DEFAULT_DTYPE, dtype_name
 from ..data import DEFAULT_DATA
-from ..live import DECODE_THREADS
+from ..serving.live import DECODE_THREADS
 
 
 def cmd_demo(args) -> int:
@@ -17,12 +17,12 @@ def cmd_demo(args) -> int:
 
     from apps import check_port
 
-    from .. import live
+    from ..serving import live
     from ..api import Upscaler
     from ..checkpoints import WeightsError
     from ..decoding import engine
     from ..examples import builtin_examples, celeba_examples
-    from ..serve import DecodeService, limit_malloc_arenas
+    from ..serving.service import DecodeService, limit_malloc_arenas
 
     check_port(args.host, args.port)  # before the weights load
     try:  # on the CPU: the page decodes one image at a time, live

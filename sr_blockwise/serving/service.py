@@ -217,7 +217,7 @@ class DecodeService:
             return batch
 
     def _run(self) -> None:
-        from .decoding.engine import engine_for
+        from ..decoding.engine import engine_for
         while (batch := self._next_round()) is not None:
             try:
                 if engine_for(self.model, batch[0].opts) == "native":
@@ -233,7 +233,7 @@ class DecodeService:
     def _decode_continuously(self, batch: list[Ticket]) -> None:
         """A continuous batch of these faces' options: the faces of those options that arrive
         join it between calls, until none is left decoding."""
-        from .decoding.engine import ContinuousBatch
+        from ..decoding.engine import ContinuousBatch
         opts, key = batch[0].opts, batch[0].key
         stream = ContinuousBatch(self.model, opts, self.max_batch)
         decoding: dict[int, Ticket] = {}
@@ -285,7 +285,7 @@ class DecodeService:
                     t.progress(Frame(tokens, done, bmap, calls, seconds))
 
     def _decode_round(self, batch: list[Ticket]) -> None:
-        from .decoding import DecodeResult, decode
+        from ..decoding import DecodeResult, decode
         from .live import Frame
         opts = batch[0].opts
         lr = np.stack([t.lr for t in batch])

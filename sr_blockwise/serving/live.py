@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .data import BadImage, from_tokens, image_to_input, open_rgb
+from ..data import BadImage, from_tokens, image_to_input, open_rgb
 
 GREEDY_CALLS = 3072  # = sr_blockwise.model.SEQ_LEN (greedy: one call per intensity); not imported: it loads torch
 FILL = 220  # intensity shown for tokens not decoded yet (light grey)
@@ -90,7 +90,7 @@ def _read_photo(path: str | Path, name: str, which: str) -> PhotoFaces:
         img = open_rgb(str(path))
     except BadImage as e:
         raise BadImage(str(e).replace(str(path), name)) from None
-    from . import faces as F
+    from .. import faces as F
     size = img.info.get("full_size", img.size)  # a large photo is read at reduced size
     found, note = F.faces_of(img, which, if_none="skip")
     if found and found[0].as_is:  # the model's input or its face: no face of a photo to offer
@@ -128,7 +128,7 @@ def prepare_input(path: str | Path, choice: str | None = "") -> Prepared:
 
 def prepare_photo(photo: PhotoFaces, choice: str | None = "") -> Prepared:
     """prepare_input for a photo read (read_photo)."""
-    from . import faces as F
+    from .. import faces as F
     w, h = photo.size
     info = {"file": photo.name, "size": [w, h], "faces_found": len(photo.faces)}
     if (w, h) == (8, 8):
@@ -201,8 +201,8 @@ def pasted_view(p: Prepared, output: np.ndarray) -> PastedView | None:
     then 4x; a smaller face, 4x, less to stay within PASTE_VIEW_SIDE), with the 32x32 result pasted
     back, and beside it the bicubic upscale of the same 8x8 pasted the same way: the difference
     is the model's."""
-    from . import faces as F
-    from .data import bicubic_upscale
+    from .. import faces as F
+    from ..data import bicubic_upscale
     if p.chosen is None:
         return None
     img, f = p.photo.image, p.chosen

@@ -70,7 +70,7 @@ class Upscaling:
         self.model, self.service, self.weights_name = model, service, weights_name
 
     def options(self, p: Params) -> dict:
-        from .decoding import options_per_mode
+        from ..decoding import options_per_mode
         from .live import page_defaults
         k0, _, w0 = page_defaults(self.model)
         modes = [m.strip() for m in p.modes.split(",") if m.strip()]
@@ -88,7 +88,7 @@ class Upscaling:
 
     def faces(self, data: bytes, filename: str, choice: str) -> tuple[list, object]:
         """The photo's faces to decode (live.Prepared each) and the photo read."""
-        from .data import BadImage
+        from ..data import BadImage
         from .live import prepare_photo, read_photo
         name = upload_name(filename)
         which = "largest" if largest_only(choice) else "all"
@@ -125,7 +125,7 @@ class Upscaling:
     def submit(self, opts: dict, prepared: list) -> list:
         """Every face in every mode into the decode service: (Prepared, mode, Ticket) each. The
         queue full: none stays queued, and ApiError 503 says when to retry."""
-        from .serve import Busy
+        from .service import Busy
         tickets = []
         try:
             for pr in prepared:
@@ -139,7 +139,7 @@ class Upscaling:
 
     def body(self, p: Params, opts: dict, prepared: list, photo, tickets: list) -> dict:
         """The response, once every ticket is done."""
-        from .data import match_input
+        from ..data import match_input
         from .live import result_stats
         results, faces = {}, []
         for pr in prepared:
@@ -179,7 +179,7 @@ class Upscaling:
     @staticmethod
     def pasted(photo, prepared, results, mode) -> dict | None:
         """Every decoded face pasted back into the photo at the model's scale (faces.paste_plan)."""
-        from . import faces as F
+        from .. import faces as F
         chosen = [pr for pr in prepared if pr.chosen is not None]
         if not chosen:
             return None  # an 8x8 or 32x32 input: no photo around it
