@@ -198,29 +198,19 @@ def print_table(rows: list[dict], cols: list[str]) -> str:
     return text
 
 
-def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | None, ks, data=None,
-        prior_weight: float | None = None, dtype: str = "float32", batches=(1, 16, 64),
-        torch_images: int = 1, trees=()) -> dict:
-    """The whole benchmark: call cost (native engine at batch 1/16/64, torch at 1/16), the
-    breakdown of a call at each k of ks, seconds per face at each batch size in `batches` (n_images faces,
-    at least one batch each), the torch engine's seconds per face on torch_images faces at batch
-    1 (0: skip; with `trees`, exact and eps=2 trees of those sizes at the largest k too), images/s at the largest batch and its share of the fp32 and bf16 matrix-product rates.
-    prior_weight None: the apps' default (decoding.DEFAULT_PRIOR_WEIGHT) where the model has the
-    input prior, else 1. dtype: of the weights (the native engine computes in float32)."""
+def _bench_model(weights: str | None) -> tuple[ImageTransformerSR, str]:
+    """The float32 model to time and how the report names it."""
     from .checkpoints import load_model
-    from .data import downsample_8, load_faces
-    from .decoding import default_prior_weight
 
     if weights:
-        fp32 = load_model(weights, dtype=torch.float32, for_inference=False)
-        label = weights
-    else:  # the cpu preset's cost does not depend on training: random weights time the same
-        torch.manual_seed(0)
-        fp32 = ImageTransformerSR(preset("cpu"))
-        label = "cpu preset, random weights"
-    if prior_weight is None:
-        prior_weight = default_prior_weight(fp32)
-    # bad arguments refused before minutes of measuring
+        return load_model(weights, dtype=torch.float32, for_inference=False), weights
+    # the cpu preset's cost does not depend on training: random weights time the same
+    torch.manual_seed(0)
+    return ImageTransformerSR(preset("cpu")), "cpu preset, random weights"
+
+
+def _check_bench_args(fp32: ImageTransformerSR, n_images: int, reps: int, batches, ks, prior_weight: float) -> None:
+    """Refuse bad arguments before minutes of measuring."""
     for name, v in (("--images", n_images), ("--reps", reps), ("--batch-size", min(batches))):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
@@ -229,22 +219,24 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         raise ValueError(f"--k {','.join(map(str, ks))}: these weights have {heads} blockwise heads, "
                          f"so each k must be in 1..{heads}")
     DecodeOptions(prior_weight=prior_weight).validate()  # e.g. a negative one: refused here
-    model = _copy_for(fp32, getattr(torch, dtype))
-    print(f"# bench-decode: {label}; {machine()}; input guidance (prior weight) {prior_weight:g}")
-    print(f"\n## Cost of one call vs tokens verified per image (the fastest of 3 rounds' medians of max(15, {reps} / "
-          f"batch size) calls; torch: one median of max(3, {reps} / (4 x batch size)))")
-    calls = call_cost_table(model, batches=batches, reps=reps, torch_model=model if torch_images else None)
-    calls_md = print_table(calls, ["engine", "dtype", "batch", "tokens", "ms", "vs_1_token"])
-    print(f"\n## Where a call's time goes at k = {', '.join(map(str, ks))} (native engine, ms per call)")
-    parts = [row for k in ks for row in call_breakdown(model, k, batches=[b for b in batches if b <= 16])]
-    parts_md = print_table(parts, ["batch", "k", "call_ms", "host_ms", *[f"{n}_ms" for n in native.STAGES]])
+
+
+def _bench_inputs(data, n: int) -> tuple[np.ndarray, str]:
+    """n 8x8 inputs: held-out faces, or random ones where no CelebA data is found; and which."""
+    from .data import downsample_8, load_faces
+
     try:
         faces = load_faces(data).part("test")
-        lr = downsample_8(faces.images[:max(n_images, max(batches))])
-        src_note = "held-out faces"
+        return downsample_8(faces.images[:n]), "held-out faces"
     except (FileNotFoundError, ValueError):
-        lr = np.random.default_rng(0).integers(0, 256, (max(n_images, max(batches)), 8, 8, 3), dtype=np.uint8)
-        src_note = "random inputs (no CelebA data found)"
+        return (np.random.default_rng(0).integers(0, 256, (n, 8, 8, 3), dtype=np.uint8),
+                "random inputs (no CelebA data found)")
+
+
+def _native_decode_tables(model, lr, ks, batches, n_images: int, src_note: str,
+                          prior_weight: float) -> tuple[list[dict], list[str]]:
+    """Seconds per face on the native engine at each batch size, averaged over the batches of
+    faces; the rows and each table's markdown."""
     decode_rows, md = [], []
     for B in batches:
         n = max(n_images, B)
@@ -257,20 +249,29 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
         md.append(print_table(merged, ["mode", "k", "s_per_image", "images_per_s", "calls", "mean_block",
                                        "speedup", "of_ideal", "same_as_greedy"]))
         decode_rows += merged
-    if torch_images:
-        print(f"\n## Seconds per face, torch engine (before the native engine), batch 1, {torch_images} face(s)")
-        per = [decode_table(model, lr[i:i + 1], (6,), ("exact", "eps=2", "oracle"), prior_weight, "torch")
-               for i in range(torch_images)]
-        merged = _average(per)
-        if trees:  # on a CPU trees run on the torch engine (decoding/tree.py)
-            modes = tuple(f"{m}:tree={n}" for n in trees for m in ("exact", "eps=2"))
-            merged += _average([decode_table(model, lr[i:i + 1], (max(ks),), modes, prior_weight, "torch")[1:]
-                                for i in range(torch_images)])
-        for r in merged:
-            r["batch"] = 1
-        md.append(print_table(merged, ["engine", "mode", "k", "s_per_image", "calls", "mean_block", "speedup",
-                                       "of_ideal", "same_as_greedy"]))
-        decode_rows += merged
+    return decode_rows, md
+
+
+def _torch_decode_table(model, lr, ks, torch_images: int, trees, prior_weight: float) -> tuple[list[dict], str]:
+    """Seconds per face on the torch engine at batch 1 (with trees at the largest k); the rows and
+    their markdown."""
+    print(f"\n## Seconds per face, torch engine (before the native engine), batch 1, {torch_images} face(s)")
+    per = [decode_table(model, lr[i:i + 1], (6,), ("exact", "eps=2", "oracle"), prior_weight, "torch")
+           for i in range(torch_images)]
+    merged = _average(per)
+    if trees:  # on a CPU trees run on the torch engine (decoding/tree.py)
+        modes = tuple(f"{m}:tree={n}" for n in trees for m in ("exact", "eps=2"))
+        merged += _average([decode_table(model, lr[i:i + 1], (max(ks),), modes, prior_weight, "torch")[1:]
+                            for i in range(torch_images)])
+    for r in merged:
+        r["batch"] = 1
+    return merged, print_table(merged, ["engine", "mode", "k", "s_per_image", "calls", "mean_block", "speedup",
+                                        "of_ideal", "same_as_greedy"])
+
+
+def _machine_use(model, decode_rows: list[dict], batches) -> dict:
+    """Greedy's images/s at the largest batch as a share of this machine's fp32 and bf16
+    matrix-product rates, printed and returned."""
     big = [r for r in decode_rows if r["batch"] == max(batches) and r["mode"] == "greedy" and r["engine"] == "native"][0]
     # the engine's products run in float32, or on AMX tiles in bf16 where the processor has them
     # (engine.uses_amx): both rates, as torch's largest products reach them
@@ -284,6 +285,40 @@ def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | No
           f"of decoder arithmetic = {flops / rate:.1%} of this machine's fp32 matrix-product rate "
           f"({rate / 1e9:.0f} GFLOP/s), {flops / rate_bf16:.1%} of its bf16 rate ({rate_bf16 / 1e9:.0f} GFLOP/s; "
           f"the engine's {'bf16 products run on the AMX tiles' if machine_use['amx'] else 'products are float32 multiply-adds'})")
+    return machine_use
+
+
+def run(weights: str | None, n_images: int, batch: int, reps: int, out: str | None, ks, data=None,
+        prior_weight: float | None = None, dtype: str = "float32", batches=(1, 16, 64),
+        torch_images: int = 1, trees=()) -> dict:
+    """The whole benchmark: call cost (native engine at batch 1/16/64, torch at 1/16), the
+    breakdown of a call at each k of ks, seconds per face at each batch size in `batches` (n_images faces,
+    at least one batch each), the torch engine's seconds per face on torch_images faces at batch
+    1 (0: skip; with `trees`, exact and eps=2 trees of those sizes at the largest k too), images/s at the largest batch and its share of the fp32 and bf16 matrix-product rates.
+    prior_weight None: the apps' default (decoding.DEFAULT_PRIOR_WEIGHT) where the model has the
+    input prior, else 1. dtype: of the weights (the native engine computes in float32)."""
+    from .decoding import default_prior_weight
+
+    fp32, label = _bench_model(weights)
+    if prior_weight is None:
+        prior_weight = default_prior_weight(fp32)
+    _check_bench_args(fp32, n_images, reps, batches, ks, prior_weight)
+    model = _copy_for(fp32, getattr(torch, dtype))
+    print(f"# bench-decode: {label}; {machine()}; input guidance (prior weight) {prior_weight:g}")
+    print(f"\n## Cost of one call vs tokens verified per image (the fastest of 3 rounds' medians of max(15, {reps} / "
+          f"batch size) calls; torch: one median of max(3, {reps} / (4 x batch size)))")
+    calls = call_cost_table(model, batches=batches, reps=reps, torch_model=model if torch_images else None)
+    calls_md = print_table(calls, ["engine", "dtype", "batch", "tokens", "ms", "vs_1_token"])
+    print(f"\n## Where a call's time goes at k = {', '.join(map(str, ks))} (native engine, ms per call)")
+    parts = [row for k in ks for row in call_breakdown(model, k, batches=[b for b in batches if b <= 16])]
+    parts_md = print_table(parts, ["batch", "k", "call_ms", "host_ms", *[f"{n}_ms" for n in native.STAGES]])
+    lr, src_note = _bench_inputs(data, max(n_images, max(batches)))
+    decode_rows, md = _native_decode_tables(model, lr, ks, batches, n_images, src_note, prior_weight)
+    if torch_images:
+        torch_rows, torch_md = _torch_decode_table(model, lr, ks, torch_images, trees, prior_weight)
+        md.append(torch_md)
+        decode_rows += torch_rows
+    machine_use = _machine_use(model, decode_rows, batches)
     result = {"weights": label, "machine": machine(), "call_cost": calls, "breakdown": parts,
               "decode": decode_rows, "machine_use": machine_use, "images": int(n_images),
               "prior_weight": prior_weight, "dtype": dtype}

@@ -212,9 +212,8 @@ def _gt_index(gt_dir: Path) -> dict[tuple[str, str], list[Path]]:
     return index
 
 
-def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
-    """All jobs of this shard, sorted by relative path; raises ValueError for bad arguments."""
-    outdir = Path(cfg.outdir)
+def _check_plan_args(cfg: Config, outdir: Path) -> None:
+    """Refuse an OUTDIR that is a file, and output and face settings out of their choices."""
     if outdir.exists() and not outdir.is_dir():
         raise ValueError(f"OUTDIR {outdir} exists and is not a folder")
     if cfg.ext not in SAVE_ARGS:
@@ -225,9 +224,11 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
         raise ValueError(f"--faces {cfg.faces!r}: choose from {', '.join(FACES)}")
     if cfg.no_face not in NO_FACE:
         raise ValueError(f"--no-face {cfg.no_face!r}: choose from {', '.join(NO_FACE)}")
-    found, folders, ignored = find_inputs(cfg.inputs, outdir)
 
-    # mirror the tree below the common folder of all inputs
+
+def _jobs_below_base(found: list[tuple[Path, Path]]) -> tuple[Path, list[Job]]:
+    """The common folder of all inputs and a job per input file, sorted by its path below it (the
+    tree the outputs mirror)."""
     base = Path(os.path.commonpath([os.path.abspath(r) for _, r in found])) if found else Path(".")
     jobs, seen = {}, set()
     for f, _ in found:
@@ -239,25 +240,32 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
         seen.add(key)
         rel = PurePosixPath(Path(os.path.abspath(f)).relative_to(base).as_posix())
         jobs[rel] = Job(f, rel, Path())
-    ordered = [jobs[r] for r in sorted(jobs)]
+    return base, [jobs[r] for r in sorted(jobs)]
 
+
+def _output_name(j: Job, cfg: Config, outdir: Path, with_ext: bool, part: str = "") -> Path:
+    """STEM+SUFFIX.EXT in the mirrored folder (with_ext: STEM_EXT+SUFFIX.EXT; part before the suffix)."""
+    stem = j.rel.stem + (f"_{j.rel.suffix.lstrip('.').lower()}" if with_ext else "")
+    return outdir.joinpath(*j.rel.parent.parts, f"{stem}{part}{cfg.suffix}.{cfg.ext}")
+
+
+def _name_outputs(ordered: list[Job], cfg: Config, outdir: Path) -> dict[Path, Job]:
+    """Set each job's output, compare strip and pasted photo paths; returns every output path's job,
+    refusing two jobs that would write the same path."""
     # output names: STEM+SUFFIX.EXT in the mirrored folder; photo.jpg and photo.png side by side
     # would collide, so those keep their input extension in the name (photo_jpg.png)
     # (with --faces all: STEM_face0+SUFFIX.EXT, the further faces STEM_face1..., see face_output)
-    def name(j: Job, with_ext: bool, part: str = "") -> Path:
-        stem = j.rel.stem + (f"_{j.rel.suffix.lstrip('.').lower()}" if with_ext else "")
-        return outdir.joinpath(*j.rel.parent.parts, f"{stem}{part}{cfg.suffix}.{cfg.ext}")
-
     counts = {}
     for j in ordered:
-        counts[name(j, False)] = counts.get(name(j, False), 0) + 1
+        plain = _output_name(j, cfg, outdir, False)
+        counts[plain] = counts.get(plain, 0) + 1
     for j in ordered:
-        with_ext = counts[name(j, False)] > 1
-        j.out = name(j, with_ext, "_face0" if cfg.faces == "all" else "")
+        with_ext = counts[_output_name(j, cfg, outdir, False)] > 1
+        j.out = _output_name(j, cfg, outdir, with_ext, "_face0" if cfg.faces == "all" else "")
         if cfg.compare:
             j.compare = j.out.with_name(f"{j.out.stem}_compare.{cfg.ext}")
         if cfg.paste_back:  # NAME{SUFFIX}_pasted, as the compare strip: the suffix ends the output's name
-            whole = name(j, with_ext)
+            whole = _output_name(j, cfg, outdir, with_ext)
             j.paste = whole.with_name(f"{whole.stem}_pasted.{cfg.ext}")
     outs = {}
     for j in ordered:
@@ -265,18 +273,24 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
             if o is not None and outs.setdefault(o, j) is not j:
                 raise ValueError(f"{j.src} and {outs[o].src} would both be written to {o}; "
                                  "rename one or run them separately")
+    return outs
 
-    if cfg.ground_truth:
-        gt_dir = Path(cfg.ground_truth)
-        if not gt_dir.is_dir():
-            raise FileNotFoundError(f"--ground-truth {gt_dir}: no such folder")
-        index = _gt_index(gt_dir)
-        for j in ordered:
-            cands = index.get((str(j.rel.parent), j.rel.stem), [])
-            exact = [c for c in cands if c.name == j.rel.name]
-            j.gt = (exact or cands or [None])[0]
 
-    # inputs are never overwritten: refuse before any work
+def _match_ground_truth(ordered: list[Job], ground_truth: str) -> None:
+    """Set each job's ground truth: the file of the same relative folder and stem (the same name first)."""
+    gt_dir = Path(ground_truth)
+    if not gt_dir.is_dir():
+        raise FileNotFoundError(f"--ground-truth {gt_dir}: no such folder")
+    index = _gt_index(gt_dir)
+    for j in ordered:
+        cands = index.get((str(j.rel.parent), j.rel.stem), [])
+        exact = [c for c in cands if c.name == j.rel.name]
+        j.gt = (exact or cands or [None])[0]
+
+
+def _refuse_overwrites(ordered: list[Job], outs: dict[Path, Job], outdir: Path, skip_existing: bool) -> tuple[set, set]:
+    """Refuse, before any work, outputs that would overwrite an input or another file beside the
+    inputs; returns the protected inputs and the folders that hold inputs."""
     protected = {_resolve(j.src) for j in ordered} | {_resolve(j.gt) for j in ordered if j.gt}
     for o, j in outs.items():
         if _resolve(o) in protected:
@@ -287,12 +301,27 @@ def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
     # leaves the whole job (all its outputs there)
     input_folders = {_resolve(j.src.parent) for j in ordered}
     for j in ordered:
-        if cfg.skip_existing and already_done(j):
+        if skip_existing and already_done(j):
             continue
         for o in (j.out, j.compare, j.paste):
             if o is not None and foreign_beside_inputs(o, input_folders):
                 raise ValueError(f"{_shown(o)} {FOREIGN}: choose another OUTDIR, or --suffix / --ext, or "
                                  "--skip-existing to leave the input and its outputs alone")
+    return protected, input_folders
+
+
+def plan(cfg: Config) -> tuple[list[Job], list[Path], dict]:
+    """All jobs of this shard, sorted by relative path; raises ValueError for bad arguments."""
+    outdir = Path(cfg.outdir)
+    _check_plan_args(cfg, outdir)
+    found, folders, ignored = find_inputs(cfg.inputs, outdir)
+    # mirror the tree below the common folder of all inputs
+    base, ordered = _jobs_below_base(found)
+    outs = _name_outputs(ordered, cfg, outdir)
+    if cfg.ground_truth:
+        _match_ground_truth(ordered, cfg.ground_truth)
+    # inputs are never overwritten: refuse before any work
+    protected, input_folders = _refuse_overwrites(ordered, outs, outdir, cfg.skip_existing)
 
     i, n = parse_shard(cfg.shard)
     mine = [j for j in ordered if shard_of(j.rel, n) == i]

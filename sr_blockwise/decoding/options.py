@@ -49,6 +49,102 @@ def check_seed(seed) -> None:
         raise ValueError(f"seed must be a whole number in 0..{2**32 - 1}, got {seed!r}")
 
 
+# ---------------------------------------------------------------- reading a decode-mode spec
+
+def _whole(spec: str, key: str, text: str) -> int:
+    """A setting's whole number, or ValueError naming the setting in the spec."""
+    if not _INT.fullmatch(text.strip()):
+        raise ValueError(f"decode mode {spec!r}: {key}={text} is not a whole number")
+    return int(text)
+
+
+def _number(spec: str, key: str, text: str) -> float:
+    """A setting's finite number, or ValueError naming the setting in the spec."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not math.isfinite(x):
+        raise ValueError(f"decode mode {spec!r}: {key}={text} is not a number")
+    return x
+
+
+def _mode_fields(spec: str, head: str) -> tuple[str, dict]:
+    """The spec's MODE part: its name (aliases read as the canonical one) and the fields it sets."""
+    name, eq, value = head.lower().replace("_", "-").partition("=")
+    name = _MODE_ALIASES.get(name.replace("-", ""), name)
+    if name in ("greedy", "exact", "exact-heads", "oracle", "sample") and not eq:
+        return name, {"rule": "oracle" if name == "oracle" else "exact"}
+    if name in ("eps", "eps-window", "top-k", "min-block") and eq:
+        v = _whole(spec, name, value)
+        if v < (1 if name in ("top-k", "min-block") else 0):
+            raise ValueError(f"decode mode {spec!r}: {name} must be >= {1 if name in ('top-k', 'min-block') else 0}")
+        return name, {"eps": {"rule": "eps", "eps": v}, "eps-window": {"rule": "eps", "eps": v, "propose": "window"},
+                      "top-k": {"rule": "topk", "top_k": v}, "min-block": {"rule": "exact", "min_block": v}}[name]
+    raise ValueError(f"unknown decode mode {head!r} in {spec!r}: use {SPEC_HELP}")
+
+
+def _settings_given(spec: str, settings: list[str], fields: dict) -> dict[str, str]:
+    """The settings after MODE by their canonical key; an unknown one or one given twice (min-block
+    also as the MODE) is refused."""
+    given = {}
+    for item in settings:
+        key, eq, value = item.partition("=")
+        key = _KEYS.get(key.strip().lower())
+        if not eq or key is None:
+            raise ValueError(f"decode mode {spec!r}: unknown setting {item!r}; use k=K, tree=N, w=G, guard=L, T=T, "
+                             f"seed=S or min-block=N")
+        if key in given or (key == "min-block" and "min_block" in fields):
+            raise ValueError(f"decode mode {spec!r}: {key} is given twice")
+        given[key] = value.strip()
+    return given
+
+
+def _block_size(spec: str, head: str, name: str, given: dict, k: int | None) -> int:
+    """The spec's k, else greedy's 1, else the caller's; greedy takes no other."""
+    if "k" in given:
+        block = _whole(spec, "k", given["k"])
+    elif name == "greedy":
+        block = 1
+    elif k is not None:
+        block = int(k)
+    else:
+        raise ValueError(f"decode mode {spec!r}: say the block size, e.g. {head}:k=6")
+    if name == "greedy" and block != 1:
+        raise ValueError(f"decode mode {spec!r}: greedy decodes one token per call (k=1); use exact:k={block}")
+    return block
+
+
+def _guidance_fields(spec: str, given: dict, prior_weight: float | None, guard: float | None) -> dict:
+    """Input guidance and the cell guard: the spec's, else the caller's."""
+    fields = {}
+    for key, field, caller, rule in (("w", "prior_weight", prior_weight, "w (the input guidance) must be >= 0"),
+                                     ("guard", "guard", guard, "guard (levels) must be >= 0 (0: off)")):
+        if key in given:
+            fields[field] = _number(spec, key, given[key])
+            if fields[field] < 0:
+                raise ValueError(f"decode mode {spec!r}: {rule}")
+        elif caller is not None:
+            fields[field] = float(caller)
+    return fields
+
+
+def _sampling_fields(spec: str, name: str, given: dict) -> dict:
+    """The sample mode's temperature (required) and seed; the other modes take neither."""
+    fields = {}
+    if name == "sample":
+        if "T" not in given:
+            raise ValueError(f"decode mode {spec!r}: sample needs a temperature, e.g. {spec}:T=0.8")
+        fields["temperature"] = _number(spec, "T", given["T"])
+        if fields["temperature"] <= 0:
+            raise ValueError(f"decode mode {spec!r}: sampling needs T > 0 (T=0 is greedy decoding)")
+        if "seed" in given:
+            fields["seed"] = _whole(spec, "seed", given["seed"])
+    elif "T" in given or "seed" in given:
+        raise ValueError(f"decode mode {spec!r}: T and seed are for the sample mode ({name} draws nothing)")
+    return fields
+
+
 @dataclass
 class DecodeOptions:
     """How to decode. propose's default depends on the other fields, and is settled when the
@@ -198,79 +294,17 @@ class DecodeOptions:
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(f"empty decode mode: use {SPEC_HELP}")
         head, *settings = [p.strip() for p in spec.strip().split(":")]
-        name, eq, value = head.lower().replace("_", "-").partition("=")
-        name = _MODE_ALIASES.get(name.replace("-", ""), name)
-
-        def whole(key, text):
-            if not _INT.fullmatch(text.strip()):
-                raise ValueError(f"decode mode {spec!r}: {key}={text} is not a whole number")
-            return int(text)
-
-        def number(key, text):
-            try:
-                x = float(text)
-            except ValueError:
-                x = float("nan")
-            if not math.isfinite(x):
-                raise ValueError(f"decode mode {spec!r}: {key}={text} is not a number")
-            return x
-
-        fields = {}
-        if name in ("greedy", "exact", "exact-heads", "oracle", "sample") and not eq:
-            fields["rule"] = "oracle" if name == "oracle" else "exact"
-        elif name in ("eps", "eps-window", "top-k", "min-block") and eq:
-            v = whole(name, value)
-            if v < (1 if name in ("top-k", "min-block") else 0):
-                raise ValueError(f"decode mode {spec!r}: {name} must be >= {1 if name in ('top-k', 'min-block') else 0}")
-            fields.update({"eps": {"rule": "eps", "eps": v}, "eps-window": {"rule": "eps", "eps": v, "propose": "window"},
-                           "top-k": {"rule": "topk", "top_k": v}, "min-block": {"rule": "exact", "min_block": v}}[name])
-        else:
-            raise ValueError(f"unknown decode mode {head!r} in {spec!r}: use {SPEC_HELP}")
-        given = {}
-        for item in settings:
-            key, eq, value = item.partition("=")
-            key = _KEYS.get(key.strip().lower())
-            if not eq or key is None:
-                raise ValueError(f"decode mode {spec!r}: unknown setting {item!r}; use k=K, tree=N, w=G, guard=L, T=T, "
-                                 f"seed=S or min-block=N")
-            if key in given or (key == "min-block" and "min_block" in fields):
-                raise ValueError(f"decode mode {spec!r}: {key} is given twice")
-            given[key] = value.strip()
-        if "k" in given:
-            fields["k"] = whole("k", given["k"])
-        elif name == "greedy":
-            fields["k"] = 1
-        elif k is not None:
-            fields["k"] = int(k)
-        else:
-            raise ValueError(f"decode mode {spec!r}: say the block size, e.g. {head}:k=6")
-        if name == "greedy" and fields["k"] != 1:
-            raise ValueError(f"decode mode {spec!r}: greedy decodes one token per call (k=1); use exact:k={fields['k']}")
+        name, fields = _mode_fields(spec, head)
+        given = _settings_given(spec, settings, fields)
+        fields["k"] = _block_size(spec, head, name, given, k)
         if name == "exact-heads":
             fields["propose"] = "argmax"
         if "min-block" in given:
-            fields["min_block"] = whole("min-block", given["min-block"])
+            fields["min_block"] = _whole(spec, "min-block", given["min-block"])
         if "tree" in given:
-            fields["tree"] = whole("tree", given["tree"])
-        # input guidance and the cell guard: the spec's, else the caller's
-        for key, field, caller, rule in (("w", "prior_weight", prior_weight, "w (the input guidance) must be >= 0"),
-                                         ("guard", "guard", guard, "guard (levels) must be >= 0 (0: off)")):
-            if key in given:
-                fields[field] = number(key, given[key])
-                if fields[field] < 0:
-                    raise ValueError(f"decode mode {spec!r}: {rule}")
-            elif caller is not None:
-                fields[field] = float(caller)
-        if name == "sample":
-            if "T" not in given:
-                raise ValueError(f"decode mode {spec!r}: sample needs a temperature, e.g. {spec}:T=0.8")
-            fields["temperature"] = number("T", given["T"])
-            if fields["temperature"] <= 0:
-                raise ValueError(f"decode mode {spec!r}: sampling needs T > 0 (T=0 is greedy decoding)")
-            if "seed" in given:
-                fields["seed"] = whole("seed", given["seed"])
-        elif "T" in given or "seed" in given:
-            raise ValueError(f"decode mode {spec!r}: T and seed are for the sample mode ({name} draws nothing)")
+            fields["tree"] = _whole(spec, "tree", given["tree"])
+        fields.update(_guidance_fields(spec, given, prior_weight, guard))
+        fields.update(_sampling_fields(spec, name, given))
         opts = cls(**fields)
         try:
             opts.validate()

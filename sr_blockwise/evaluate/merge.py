@@ -81,38 +81,45 @@ def _relate(rows: list[dict]) -> None:
             r["speedup_vs_uncached_greedy"] = u["seconds_per_image"] / r["seconds_per_image"]
 
 
-def merge_results(results: list[dict], command: str) -> dict:
-    """One result from finished runs with the same settings: runs of different weights, and runs
-    of the same weights over disjoint, adjacent ranges of test faces (`--first`). Why: 500 faces
-    with every k and mode take this 2-core machine 1.5-2.5 hours per weights, a sitting is 3 hours,
-    and the decode store in ~/.cache does not outlive a sitting here. Every row's speedup is
-    pooled from its own weights' greedy, decoded batch by batch beside it; `runs` lists each run's
-    faces, weights, command, date and machine."""
-    if len(results) < 2:
-        raise ValueError("--merge needs at least two results.json files")
+def _data_of(r) -> tuple:
+    """What data a result ran on: the file by its name (runs come from other machines), split, split size."""
+    return Path(r["data"]["path"]).name, r["data"]["split"], r["data"]["split_size"]
+
+
+def _check_mergeable(where: str, r: dict, first: dict) -> None:
+    """Refuse a result that is not this version's, did not finish, or ran on other data or settings
+    than the first result."""
+    if r.get("schema") != SCHEMA or r.get("schema_version") != SCHEMA_VERSION:
+        # an older version's rows mean other things (schema 2's exact is today's exact-heads)
+        raise ValueError(f"{where}: not an sr-blockwise evaluate result of schema version "
+                         f"{SCHEMA_VERSION} (got {r.get('schema')!r} {r.get('schema_version')!r}): "
+                         f"evaluate it again with this version")
+    if not r.get("complete"):
+        raise ValueError(f"{where}: the run did not finish (complete: false); finish it with --resume first")
+    if _data_of(r) != _data_of(first):
+        raise ValueError(f"{where}: other data than the first result's: data.path (file name), data.split, data.split_size are "
+                         f"{_data_of(r)}, not {_data_of(first)}")
+    for key in MERGE_SAME_SETTINGS:
+        mine, theirs = (x["settings"].get(key, SETTING_BEFORE_IT_EXISTED.get(key)) for x in (r, first))
+        if mine != theirs:
+            raise ValueError(f"{where}: settings.{key} is {mine!r}, not {theirs!r} as in the first "
+                             f"result: rows would not compare")
+
+
+def _runs_by_weights(results: list[dict]) -> dict[str, list]:
+    """Each weights' runs as (faces, result, weights entry), every result checked first."""
     first = results[0]
     by_weights: dict[str, list] = {}
     for i, r in enumerate(results):
-        where = r.get("_path", f"result {i + 1}")
-        if r.get("schema") != SCHEMA or r.get("schema_version") != SCHEMA_VERSION:
-            # an older version's rows mean other things (schema 2's exact is today's exact-heads)
-            raise ValueError(f"{where}: not an sr-blockwise evaluate result of schema version "
-                             f"{SCHEMA_VERSION} (got {r.get('schema')!r} {r.get('schema_version')!r}): "
-                             f"evaluate it again with this version")
-        if not r.get("complete"):
-            raise ValueError(f"{where}: the run did not finish (complete: false); finish it with --resume first")
-        data_of = lambda x: (Path(x["data"]["path"]).name, x["data"]["split"], x["data"]["split_size"])
-        if data_of(r) != data_of(first):  # the file by its name: runs come from other machines
-            raise ValueError(f"{where}: other data than the first result's: data.path (file name), data.split, data.split_size are "
-                             f"{data_of(r)}, not {data_of(first)}")
-        for key in MERGE_SAME_SETTINGS:
-            mine, theirs = (x["settings"].get(key, SETTING_BEFORE_IT_EXISTED.get(key)) for x in (r, first))
-            if mine != theirs:
-                raise ValueError(f"{where}: settings.{key} is {mine!r}, not {theirs!r} as in the first "
-                                 f"result: rows would not compare")
+        _check_mergeable(r.get("_path", f"result {i + 1}"), r, first)
         for w in r["weights"]:
             by_weights.setdefault(w["name"], []).append((_faces(r), r, w))
-    # every weights: its runs' faces side by side, from face 0, all weights up to the same face
+    return by_weights
+
+
+def _faces_covered(by_weights: dict[str, list]) -> int:
+    """The number of faces every weights covers: each weights' runs sorted by face (in place), side
+    by side from face 0, all weights up to the same face."""
     ends = set()
     for name, parts in by_weights.items():
         parts.sort(key=lambda p: p[0])
@@ -128,34 +135,61 @@ def merge_results(results: list[dict], command: str) -> dict:
     if len(ends) > 1:
         raise ValueError(f"the weights cover different numbers of faces ({sorted(ends)}): merge the same faces "
                          "for every weights")
-    N = ends.pop()
+    return ends.pop()
 
-    def rows(r, weights):
-        return [x for x in r["records"] if x["weights"] == weights]
 
-    # the no-model rows over the first weights' runs (they cover every face once); results from
-    # before the nearest row was added have none, and a merge keeps it only if every run has it
-    lead = next(iter(by_weights.values()))
+def _rows_of(r: dict, weights: str) -> list[dict]:
+    """A result's records of one weights."""
+    return [x for x in r["records"] if x["weights"] == weights]
+
+
+def _no_model_rows(lead: list) -> list[dict]:
+    """The no-model rows pooled over the first weights' runs (they cover every face once); results
+    from before the nearest row was added have none, and a merge keeps it only if every run has it."""
     records = []
     for method in ("bicubic", "nearest"):
         rows_of = [[x for x in r["records"] if x["method"] == method] for _, r, _ in lead]
         if all(rows_of):
             records.append(pool_records([x for rs in rows_of for x in rs]))
+    return records
+
+
+def _pool_weights(name: str, parts: list, n_faces: int) -> tuple[list[dict], dict]:
+    """One weights' rows pooled over its runs, with ratios to its own greedy, and its weights entry
+    (bits per dim weighted by faces, each part listed)."""
+    keys = [(x["mode"], x["k"]) for x in _rows_of(parts[0][1], name)]
+    for (a, b), r, _ in parts[1:]:
+        if [(x["mode"], x["k"]) for x in _rows_of(r, name)] != keys:
+            raise ValueError(f"{r.get('_path', 'a result')}: other rows for {name} than its first run's")
+    pooled = [pool_records([_rows_of(r, name)[j] for _, r, _ in parts]) for j in range(len(keys))]
+    _relate(pooled)
+    w = dict(parts[0][2])
+    w["bits_per_dim"] = sum(p[2]["bits_per_dim"] * (p[0][1] - p[0][0]) for p in parts) / n_faces
+    for x in pooled:
+        x["bits_per_dim"] = w["bits_per_dim"]
+    w["parts"] = [{"first": a, "n_images": b - a, "bits_per_dim": wi["bits_per_dim"],
+                   "uncached_timing": wi["uncached_timing"]} for (a, b), _, wi in parts]
+    return pooled, w
+
+
+def merge_results(results: list[dict], command: str) -> dict:
+    """One result from finished runs with the same settings: runs of different weights, and runs
+    of the same weights over disjoint, adjacent ranges of test faces (`--first`). Why: 500 faces
+    with every k and mode take this 2-core machine 1.5-2.5 hours per weights, a sitting is 3 hours,
+    and the decode store in ~/.cache does not outlive a sitting here. Every row's speedup is
+    pooled from its own weights' greedy, decoded batch by batch beside it; `runs` lists each run's
+    faces, weights, command, date and machine."""
+    if len(results) < 2:
+        raise ValueError("--merge needs at least two results.json files")
+    first = results[0]
+    by_weights = _runs_by_weights(results)
+    N = _faces_covered(by_weights)
+    lead = next(iter(by_weights.values()))
+    records = _no_model_rows(lead)
     weights_info = []
     for name, parts in by_weights.items():
-        keys = [(x["mode"], x["k"]) for x in rows(parts[0][1], name)]
-        for (a, b), r, _ in parts[1:]:
-            if [(x["mode"], x["k"]) for x in rows(r, name)] != keys:
-                raise ValueError(f"{r.get('_path', 'a result')}: other rows for {name} than its first run's")
-        pooled = [pool_records([rows(r, name)[j] for _, r, _ in parts]) for j in range(len(keys))]
-        _relate(pooled)
+        pooled, w = _pool_weights(name, parts, N)
         records += pooled
-        w = dict(parts[0][2])
-        w["bits_per_dim"] = sum(p[2]["bits_per_dim"] * (p[0][1] - p[0][0]) for p in parts) / N
-        for x in pooled:
-            x["bits_per_dim"] = w["bits_per_dim"]
-        w["parts"] = [{"first": a, "n_images": b - a, "bits_per_dim": wi["bits_per_dim"],
-                       "uncached_timing": wi["uncached_timing"]} for (a, b), _, wi in parts]
         weights_info.append(w)
     at0 = next(r for (a, _), r, _ in lead if a == 0)
     merged = {key: first[key] for key in ("schema", "schema_version", "paper")}

@@ -23,22 +23,17 @@ def _slug(name: str) -> str:
 
 # ---------------------------------------------------------------- build
 
-def build_study(folder, conditions=None, compare="baseline", data=None, split="test", n_faces=100,
-                n_practice=3, seed=0, question=DEFAULT_QUESTION, frozen=FROZEN, finetuned=FINETUNED,
-                batch_size=16, threads=0, progress=True, log=print) -> dict:
-    """Make (or finish) a study folder; returns the manifest. Resumable: images already written
-    are kept, so a killed build continues where it stopped. A folder holding a different study
-    is refused."""
-    from ..data import load_faces
-
-    folder = Path(folder)
-    conds, refs = parse_conditions(conditions or DEFAULT_CONDITIONS, frozen, finetuned)
-    comparisons = parse_comparisons(compare, conds, frozen, finetuned)
+def _check_counts_and_question(n_faces: int, n_practice: int, question: str) -> None:
+    """Refuse a study without faces to rate or without a question."""
     if n_faces < 1 or n_practice < 0:
         raise StudyError(f"need at least one face (got n_faces={n_faces}, n_practice={n_practice})")
     if not question.strip():
         raise StudyError("the question is empty")
-    weights, paths = _check_weights(refs, conds)
+
+
+def _pick_faces(data, split: str, n_faces: int, n_practice: int, seed: int):
+    """The split's faces, the study's pick of them (sorted indices) and their images."""
+    from ..data import load_faces
 
     faces = load_faces(data).part(split)
     need = n_faces + n_practice
@@ -46,40 +41,81 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
         raise StudyError(f"split {split!r} has {len(faces)} faces; the study needs {need} "
                          f"({n_faces} rated + {n_practice} practice)")
     pick = np.sort(np.random.default_rng(seed).choice(len(faces), need, replace=False))
-    images = faces.images[pick]
+    return faces, pick, faces.images[pick]
 
+
+def _image_dirs(conds) -> dict[str, str]:
+    """Each kind of image's folder in the study: the photos, the attention checks, each decoded condition."""
     dirs = {"real": "images/real", "broken": "images/broken"}
     for i, c in enumerate(conds):
         if c.decoded:
             dirs[c.name] = f"images/c{i:02d}_{_slug(c.name)}"
+    return dirs
+
+
+def _reopen_study(folder: Path, settings: dict, log) -> tuple[dict | None, set]:
+    """The study already in the folder: refused if it is a different one; if it is complete, its
+    manifest and its images missing or altered (those are made again), else (None, empty)."""
+    if not (folder / "manifest.json").exists():
+        return None, set()
+    old = read_manifest(folder)
+    if old.get("settings") != settings:
+        diff = [k for k in settings if old.get("settings", {}).get(k) != settings[k]]
+        raise StudyError(f"{folder} already holds a different study (differs in: {', '.join(diff)}); "
+                         f"use a new folder")
+    if not old.get("complete"):
+        return None, set()
+    damaged = set(damaged_files(folder, old.get("files", {})))
+    if not damaged:
+        log(f"study {old['study_id']} in {folder} is already complete")
+    else:
+        # every image is made the same way again (decoding is deterministic; samples have
+        # their seeds in the manifest): the damaged ones are made and written where they
+        # come out as recorded; the others are left as they are
+        log(f"study {old['study_id']}: {len(damaged)} image(s) missing or altered; making them again")
+    return old, damaged
+
+
+def _check_restored(folder: Path, restoring: dict, differ: list, source: dict) -> None:
+    """Refuse a restore where images made again differ from the recorded ones (they are not written)."""
+    if differ:  # e.g. other faces under --data, or decoded on a processor that rounds differently
+        built = restoring.get("source", {}).get("data")
+        raise StudyError(
+            f"{folder}: {len(differ)} image(s) made again differ from the study's "
+            f"({', '.join(sorted(differ)[:3])}{', ...' if len(differ) > 3 else ''}): not written"
+            + (f"; the study was built from {built}, this run reads {source['data']}"
+               if built and built != source["data"] else "")
+            + "; where they cannot be made as recorded, build the study in a new folder")
+
+
+def build_study(folder, conditions=None, compare="baseline", data=None, split="test", n_faces=100,
+                n_practice=3, seed=0, question=DEFAULT_QUESTION, frozen=FROZEN, finetuned=FINETUNED,
+                batch_size=16, threads=0, progress=True, log=print) -> dict:
+    """Make (or finish) a study folder; returns the manifest. Resumable: images already written
+    are kept, so a killed build continues where it stopped. A folder holding a different study
+    is refused."""
+    folder = Path(folder)
+    conds, refs = parse_conditions(conditions or DEFAULT_CONDITIONS, frozen, finetuned)
+    comparisons = parse_comparisons(compare, conds, frozen, finetuned)
+    _check_counts_and_question(n_faces, n_practice, question)
+    weights, paths = _check_weights(refs, conds)
+    faces, pick, images = _pick_faces(data, split, n_faces, n_practice, seed)
+    need = n_faces + n_practice
+    dirs = _image_dirs(conds)
     # sampled conditions: decode's seed for every face, so that the images can be rebuilt bit for bit
     seeds = {c.name: sample_seeds(seed, c.name, need) for c in conds if c.rule == "sample"}
 
     settings = _study_settings(conds, comparisons, weights, question, seed, split, n_faces, n_practice,
                                faces.ids, pick, dirs, seeds)
-    mpath = folder / "manifest.json"
-    restoring, damaged = None, set()  # a complete study with images missing or altered: made again
-    if mpath.exists():
-        old = read_manifest(folder)
-        if old.get("settings") != settings:
-            diff = [k for k in settings if old.get("settings", {}).get(k) != settings[k]]
-            raise StudyError(f"{folder} already holds a different study (differs in: {', '.join(diff)}); "
-                             f"use a new folder")
-        restoring = old if old.get("complete") else None
-        if restoring:
-            damaged = set(damaged_files(folder, restoring.get("files", {})))
-            if not damaged:
-                log(f"study {old['study_id']} in {folder} is already complete")
-                return old
-            # every image is made the same way again (decoding is deterministic; samples have
-            # their seeds in the manifest): the damaged ones are made and written where they
-            # come out as recorded; the others are left as they are
-            log(f"study {old['study_id']}: {len(damaged)} image(s) missing or altered; making them again")
+    # a complete study with images missing or altered: made again
+    restoring, damaged = _reopen_study(folder, settings, log)
+    if restoring and not damaged:
+        return restoring
     folder.mkdir(parents=True, exist_ok=True)
     source = {"data": str(data or "default"), "weights": {k: str(v) for k, v in paths.items()}}
     if not restoring:  # a restore keeps the complete manifest: an interrupted one can be run again
-        write_json(mpath, {"format": FORMAT, "complete": False, "settings": settings, "source": source,
-                            "built_with": app_version(), "started": now_iso()})
+        write_json(folder / "manifest.json", {"format": FORMAT, "complete": False, "settings": settings,
+                                              "source": source, "built_with": app_version(), "started": now_iso()})
     differ = []  # restoring: images that came out otherwise than recorded (not written)
 
     def needed(rel: str) -> bool:
@@ -102,14 +138,7 @@ def build_study(folder, conditions=None, compare="baseline", data=None, split="t
     todo = [(c, [j for j in range(need) if needed(f"{dirs[c.name]}/{j:04d}.png")]) for c in conds if c.decoded]
     _decode_conditions(todo, images, dirs, paths, seeds, put, folder, batch_size, threads, progress)
     if restoring:
-        if differ:  # e.g. other faces under --data, or decoded on a processor that rounds differently
-            built = restoring.get("source", {}).get("data")
-            raise StudyError(
-                f"{folder}: {len(differ)} image(s) made again differ from the study's "
-                f"({', '.join(sorted(differ)[:3])}{', ...' if len(differ) > 3 else ''}): not written"
-                + (f"; the study was built from {built}, this run reads {source['data']}"
-                   if built and built != source["data"] else "")
-                + "; where they cannot be made as recorded, build the study in a new folder")
+        _check_restored(folder, restoring, differ, source)
         log(f"study {restoring['study_id']} in {folder}: restored, complete")
         return restoring
 
