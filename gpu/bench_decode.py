@@ -27,7 +27,7 @@ from sr_blockwise.data import downsample_8, load_faces, to_tokens  # noqa: E402
 from sr_blockwise.decoding import DecodeOptions, decode  # noqa: E402
 from sr_blockwise.decoding.static import StaticDecoder  # noqa: E402
 
-MODES = "greedy,exact-heads:k=6,eps=2:k=6,exact:k=10:tree=64,eps=2:k=10:tree=64,eps=2:k=10:tree=256,oracle:k=6"
+MODES = "greedy,exact:k=2,exact-heads:k=6,eps=2:k=6,exact:k=10:tree=64,eps=2:k=10:tree=64,eps=2:k=10:tree=256,oracle:k=6"
 
 
 def sync(dev):

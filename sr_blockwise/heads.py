@@ -278,7 +278,7 @@ def _draft(model, h, k, src, pos, tokens, choose, prior_weight, first=None):
 
 def draft_tree(model: ImageTransformerSR, h: torch.Tensor, src: torch.Tensor, pos: torch.Tensor,
                tokens: torch.Tensor, levels, first: torch.Tensor, prior_weight: float = 1.0,
-               score=None) -> torch.Tensor:
+               score=None, given: tuple | None = None) -> torch.Tensor:
     """A tree's node tokens (b, N) from decoder states h (b, d) that predict positions pos (b,),
     given the decoded intensities tokens (b, S) (read before pos only). Node 0, the root, is
     `first` (b,); levels[d - 1] = (nodes, their parents, their ranks, the largest rank + 1) says
@@ -286,7 +286,9 @@ def draft_tree(model: ImageTransformerSR, h: torch.Tensor, src: torch.Tensor, po
     d+1 given the tokens on its path (with nbr_draft the prior reads the path as `draft_heads`
     reads a block's proposals, so a chain of rank-0 nodes is draft_heads' block). Shapes depend on
     the tree only, never on the values: no host synchronisation. score(logits (b, m, 256)) ->
-    what candidates are ranked by (default the logits)."""
+    what candidates are ranked by (default the logits). given: (tokens (b, D), counts (b,), spine)
+    puts an image's first counts[i] tokens on the rank-0 path (spine[d]: its node at depth d) in
+    place of the heads' top choices (exact mode's recycled proposals, tree.recycled)."""
     D = len(levels)
     N = 1 + sum(len(nodes) for nodes, *_ in levels)
     z, _ = _heads_before_nbr(model, h, D + 1, src, pos, prior_weight)  # (b, D+1, 256)
@@ -314,6 +316,9 @@ def draft_tree(model: ImageTransformerSR, h: torch.Tensor, src: torch.Tensor, po
             zd = zd + nbr_all[:, d - 1, None].to(z.dtype)
         cand = (zd if score is None else score(zd)).topk(width, dim=-1).indices  # (b, m, width)
         tok[:, nodes] = cand.gather(-1, rank[None, :, None].expand(b, -1, 1))[..., 0]
+        if given is not None and given[2][d] >= 0:
+            s = given[2][d]
+            tok[:, s] = torch.where(given[1] >= d, given[0][:, d - 1], tok[:, s])
         path[:, nodes] = path[:, par]
         path[:, nodes, d] = tok[:, nodes]
     return tok

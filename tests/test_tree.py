@@ -129,8 +129,33 @@ def test_trees_are_refused_where_they_do_not_apply(agreeable):
             DecodeOptions.parse(spec)
     with pytest.raises(ValueError, match="torch and static engines"):
         decode(m, lr, DecodeOptions.parse("exact:k=4:tree=8"), engine="native")
-    assert DecodeOptions.parse("exact-heads:k=4:tree=8") == DecodeOptions.parse("exact:k=4:tree=8")
     assert DecodeOptions.parse("exact:tree=8:k=4").spec == "exact:k=4:tree=8"
+    # exact recycles p1's choices on the tree's rank-0 path, exact-heads proposes the heads' alone
+    assert DecodeOptions.parse("exact:k=4:tree=8").propose == "recycle"
+    assert DecodeOptions.parse("exact-heads:k=4:tree=8").propose == "argmax"
+    assert DecodeOptions.parse("exact-heads:k=4:tree=8").spec == "exact-heads:k=4:tree=8"
+
+
+def test_recycled_tokens_follow_the_rank_0_chain_below_the_deepest_passing_node():
+    """Below the accepted node: its rank-0 child (rejected) and that child's rank-0 descendants;
+    p1's choices there are the next tree's rank-0 path, as many as that chain is deep."""
+    from sr_blockwise.decoding.tree import recycled
+    tree = Tree(((), (0,), (1,), (0, 0), (1, 0), (0, 0, 0)))
+    T = tree.tensors("cpu")
+    assert T["first_child"].tolist() == [1, 3, 4, 5, -1, -1] and T["spine"] == [0, 1, 3, 5]
+    choices = torch.tensor([[10, 11, 12, 13, 14, 15]] * 3)
+    best = torch.tensor([0, 2, 5])  # the root, (1,) whose child (1, 0) ends its chain, a leaf
+    tokens, count = recycled(T, best, choices)
+    assert count.tolist() == [3, 1, 0]
+    assert tokens[0].tolist() == [11, 13, 15] and tokens[1, 0].item() == 14
+
+
+def test_exact_trees_with_recycled_proposals_decode_greedys_output_and_accept_more(agreeable):
+    m, lr, g = agreeable
+    heads, recycling = (decode(m, lr, DecodeOptions.parse(f"{mode}:k=6:tree=16"))
+                        for mode in ("exact-heads", "exact"))
+    np.testing.assert_array_equal(recycling.images, g.images)
+    assert sum(s.calls for s in recycling.stats) < sum(s.calls for s in heads.stats)
 
 
 def test_rank_accuracy_counts_the_best_ranked_passing_candidate(agreeable):

@@ -162,8 +162,9 @@ class DecodeOptions:
     # where proposals 2..k come from: "argmax", the heads' argmax (the paper; the grammar's
     # exact-heads); "window" (eps rule), the centre of the head's most probable (2*eps+1)-wide
     # window; "recycle" (exact rule, the grammar's exact), the heads' argmax except where the last
-    # call verified past its rejected proposal, where p1's own argmax from that call. None:
-    # "recycle" where it applies (exact rule, k > 1, min_block 1, no sampling, no tree), else "argmax"
+    # call verified past its rejected proposal, where p1's own argmax from that call (in a tree,
+    # on its rank-0 path). None: "recycle" where it applies (exact rule, k > 1, min_block 1, no
+    # sampling), else "argmax"
     propose: str | None = None
     # input guidance: the weight of the model's learned prior over (intensity - the 8x8 input's
     # intensity of that cell and channel), in p1 and every head. 1: the model as trained; above 1
@@ -180,8 +181,7 @@ class DecodeOptions:
 
     def __post_init__(self):
         if self.propose is None:
-            recycles = (self.rule == "exact" and self.k > 1 and self.min_block == 1 and self.temperature == 0
-                        and not self.tree)
+            recycles = self.rule == "exact" and self.k > 1 and self.min_block == 1 and self.temperature == 0
             self.propose = "recycle" if recycles else "argmax"
 
     def validate(self) -> None:
@@ -235,8 +235,6 @@ class DecodeOptions:
                              "draft per position only (use sample:k=K without tree)")
         if self.min_block != 1:
             raise ValueError("min-block forces a chain's prefix; a tree has no single prefix to force")
-        if self.propose == "recycle":
-            raise ValueError("recycled proposals are a chain's (a tree's nodes come from the heads)")
 
     def check(self, model: ImageTransformerSR) -> None:
         self.validate()
@@ -264,7 +262,7 @@ class DecodeOptions:
             return f"min-block={self.min_block}"
         if self.k == 1:
             return "greedy"
-        return "exact" if self.propose == "recycle" or self.tree else "exact-heads"
+        return "exact" if self.propose == "recycle" else "exact-heads"
 
     @property
     def spec(self) -> str:

@@ -12,8 +12,8 @@ eager step where capture fails). The same code runs eagerly on any device; the t
 the CPU.
 
 A chain of k tokens is the tree of its rank-0 path (Tree.chain), so greedy decoding (k=1), chains
-and trees are the one step. Not here (the torch engine's): sampling, min-block, recycled
-proposals and outside proposers.
+and trees are the one step, exact mode's recycled proposals on the rank-0 path included. Not
+here (the torch engine's): sampling, min-block and outside proposers.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from .guard import cell_guard
 from .options import DecodeOptions
 from .results import DecodeResult, DecodeStats
 from .rules import window_mass
-from .tree import Tree, deepest_passing, path_reader, tree_for
+from .tree import Tree, deepest_passing, path_reader, recycled, tree_for
 from ..heads import draft_tree
 
 CHECK_EVERY = 8  # steps between the host's looks at whether every image is done
@@ -41,9 +41,6 @@ def static_problem(opts: DecodeOptions) -> str | None:
         return "sampling draws from the host's per-image noise tables: the torch engine samples"
     if opts.min_block > 1:
         return "min-block forces a chain's prefix: the torch engine runs it"
-    if opts.propose == "recycle":
-        return ("recycled proposals (exact mode's chain) are the torch and native engines'; the static engine "
-                "runs exact-heads chains and trees (exact:k=K:tree=N)")
     return None
 
 
@@ -83,11 +80,12 @@ class StaticDecoder:
         o = self.opts
         return cell_guard(logits, self.cache.src, pos, self.out, o.guard, read=read) if o.guard else logits
 
-    def _grow(self, h, first):
+    def _grow(self, h, first, given=None):
         o = self.opts
         window = o.propose == "window" and o.eps > 0
         return draft_tree(self.model, h, self.cache.src, self.t, self.out, self.T["levels"], first, o.prior_weight,
-                          score=(lambda z: window_mass(z, o.eps)) if window else None)
+                          score=(lambda z: window_mass(z, o.eps)) if window else None,
+                          given=(*given, self.T["spine"]) if given is not None else None)
 
     def _step(self) -> None:
         """One call for every image: verify its tree, keep its deepest passing path, grow the next."""
@@ -109,8 +107,10 @@ class StaticDecoder:
         self.hist.scatter_add_(1, (n - 1).clamp(min=0)[:, None], live[:, None].long())
         self.calls.add_((live & (SEQ_LEN - t > 1)).long())  # the last token needs no call (as the torch engine's)
         t.add_(n)
-        first = logits.argmax(-1)[self.ar, best]  # p1's choice after the path: the next sure token
-        self.props.copy_(self._grow(h[self.ar, best], first))
+        choices = logits.argmax(-1)
+        first = choices[self.ar, best]  # p1's choice after the path: the next sure token
+        given = recycled(T, best, choices) if o.propose == "recycle" else None
+        self.props.copy_(self._grow(h[self.ar, best], first, given))
 
     def step(self) -> None:
         if self.graph is not None:

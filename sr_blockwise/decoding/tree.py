@@ -58,7 +58,9 @@ class Tree:
 
     def tensors(self, device) -> dict:
         """parent, depth (N,), ancestors (N, N) (node j is node i's ancestor or i itself), path_at
-        (N, depth + 1): the node at each depth of a node's path (the node itself past it); levels:
+        (N, depth + 1): the node at each depth of a node's path (the node itself past it);
+        first_child (N,): each node's rank-0 child (-1: none); spine: the rank-0 path's node at each
+        depth (-1 past it); levels:
         for each depth from 1, (its nodes, their parents, their ranks, the largest rank + 1), as
         heads.draft_tree takes them."""
         return _tensors(self.paths, str(device))
@@ -81,8 +83,9 @@ def _tensors(paths, device):
             j = index[p[:d]] if d <= len(p) else i
             path_at[i, d] = j
             ancestors[i, j] = True
+    first_child = [index.get(p + (0,), -1) for p in paths]
     t = {"parent": torch.tensor(parent), "depth": torch.tensor([len(p) for p in paths]),
-         "ancestors": ancestors, "path_at": path_at}
+         "ancestors": ancestors, "path_at": path_at, "first_child": torch.tensor(first_child)}
     t = {k: v.to(device) for k, v in t.items()}
     t["levels"] = []
     for d in range(1, D + 1):
@@ -90,6 +93,7 @@ def _tensors(paths, device):
         ranks = [paths[i][-1] for i in nodes]
         t["levels"].append((torch.tensor(nodes, device=device), torch.tensor([parent[i] for i in nodes], device=device),
                             torch.tensor(ranks, device=device), max(ranks) + 1))
+    t["spine"] = [index.get((0,) * d, -1) for d in range(D + 1)]  # the rank-0 path's node at each depth
     return t
 
 
@@ -154,9 +158,10 @@ def decode_tree(model: ImageTransformerSR, lr, opts: DecodeOptions, progress, pr
         if not len(s.rows):
             break
         h, kv, best, n, first = _verify(model, s, T, opts)
-        h_next, first = _commit(model, s, T, h, kv, best, n, first)
+        given = recycled(T, best, first) if opts.propose == "recycle" else None
+        h_next, first, given = _commit(model, s, T, h, kv, best, n, first, given)
         if len(s.rows):
-            s.props = _grow(model, h_next, first, s, T, opts)
+            s.props = _grow(model, h_next, first, s, T, opts, given)
         if progress is not None and s.n_calls % progress_every == 0:
             progress(s.out[:, :SEQ_LEN].cpu().numpy(), s.t.cpu().numpy(), s.bmap[:, :SEQ_LEN].cpu().numpy(),
                      s.n_calls)
@@ -171,13 +176,15 @@ def _p1(model, h, src, t, out, opts):
     return cell_guard(z, src, t, out, opts.guard) if opts.guard else z
 
 
-def _grow(model, h, first, s, T, opts) -> torch.Tensor:
+def _grow(model, h, first, s, T, opts, given=None) -> torch.Tensor:
     """The next tree's node tokens (b, N) for the live images: the root is `first` (p1's
-    choice), the others the heads' candidates along their paths."""
+    choice), the others the heads' candidates along their paths (the rank-0 path's first ones
+    the recycled tokens `given`, (tokens, counts), where opts recycles)."""
     rows = s.rows
     window = opts.propose == "window" and opts.eps > 0
     return draft_tree(model, h, s.src[rows], s.t[rows], s.out[rows], T["levels"], first, opts.prior_weight,
-                      score=(lambda z: window_mass(z, opts.eps)) if window else None)
+                      score=(lambda z: window_mass(z, opts.eps)) if window else None,
+                      given=(*given, T["spine"]) if given is not None else None)
 
 
 def _verify(model, s, T, opts):
@@ -211,6 +218,25 @@ def deepest_passing(nodes: torch.Tensor, logits: torch.Tensor, T: dict, opts: De
     return torch.where(path_ok, T["depth"] * N - torch.arange(N, device=ok.device), -1).argmax(-1)
 
 
+def recycled(T: dict, best: torch.Tensor, choices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact mode's recycled proposals in a tree: below each image's deepest passing node, its
+    rank-0 child (rejected) and that child's rank-0 descendants; p1's choices there (choices (b,
+    N)), though they read a rejected token, propose the positions after the next sure token
+    better than the heads do (as the chain's recycled proposals). -> (tokens (b, depth), how many
+    of them each image has (b,)); the shapes depend on the tree only."""
+    b, D = len(best), len(T["spine"]) - 1
+    ar = torch.arange(b, device=best.device)
+    node, have = best, torch.ones(b, dtype=torch.bool, device=best.device)
+    tokens, count = [], torch.zeros(b, dtype=torch.long, device=best.device)
+    for _ in range(D):
+        child = T["first_child"][node]
+        have = have & (child >= 0)  # once a chain ends, it stays ended
+        node = child.clamp(min=0)
+        tokens.append(choices[ar, node])
+        count += have.long()
+    return torch.stack(tokens, 1), count
+
+
 def path_reader(out: torch.Tensor, nodes: torch.Tensor, T: dict, t: torch.Tensor):
     """For the cell guard: a function from positions (b, N, 16) to the tokens there as each node's
     path has them: out's (b, S) before t (b,), the path's from t on."""
@@ -224,10 +250,10 @@ def path_reader(out: torch.Tensor, nodes: torch.Tensor, T: dict, t: torch.Tensor
     return read
 
 
-def _commit(model, s, T, h, kv, best, n, first):
+def _commit(model, s, T, h, kv, best, n, first, given=None):
     """Keep each image's accepted path: its keys and values in the cache, its tokens in the
     output (`commit`); -> (the states at the live images' last accepted nodes, p1's choice there:
-    their next sure tokens)."""
+    their next sure tokens, and the live images' share of `given`)."""
     rows, tr = s.rows, s.t[s.rows]
     path = T["path_at"][best]  # (b, depth + 1)
     model.keep_path(s.cache, kv, path, tr + 1, rows)
@@ -235,7 +261,8 @@ def _commit(model, s, T, h, kv, best, n, first):
     nxt = first[b_ar, best]
     s.props = s.props.gather(1, path)
     h_next, _ = commit(s, h[b_ar[:, None], path], n, None)
-    return h_next, nxt[s.t[rows] < SEQ_LEN]
+    live = s.t[rows] < SEQ_LEN
+    return h_next, nxt[live], tuple(x[live] for x in given) if given is not None else None
 
 
 # ---------------------------------------------------------------- measuring the heads' rank accuracies
