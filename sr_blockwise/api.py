@@ -42,11 +42,6 @@ def dtype_name(name: str) -> str:
     return SHORT_DTYPES.get(name, name)
 
 
-# decode's per-image seed for a sampling seed s: s * SEED_STRIDE is what decode gives an image
-# decoded alone with DecodeOptions(seed=s) (see decoding.sampling_noise), as the demo decodes
-SEED_STRIDE = 1_000_003
-
-
 @dataclass
 class FaceResult:
     """One face of a photo, upscaled."""
@@ -171,6 +166,7 @@ class Upscaler:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         from .decoding import check_seed
+        from .decoding.sampling import SEED_STRIDE  # s * SEED_STRIDE: seed s's sample, as alone
         per_image = isinstance(seed, (list, tuple, np.ndarray))
         seeds = list(seed) if per_image else [0 if seed is None else seed] * len(items)
         for s in seeds:  # every image's seed, not only the first one the options see: before any decoding

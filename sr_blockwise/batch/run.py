@@ -25,10 +25,10 @@ from .report import Metrics, Summary, _printable, _shown, metrics_path
 
 def job_seed(seed: int, rel: PurePosixPath) -> int:
     """Sampling seed per image (decode's `seeds=`) from --seed and its relative path: the same
-    image gets the same sample whatever its batch, shard or resume. (The factor 1_000_003 is the
-    stride of decode's own per-image seeds: an image gets the sample decode gives it alone, as its
-    image 0, at seed sha1(SEED:REL).)"""
-    return int.from_bytes(hashlib.sha1(os.fsencode(f"{seed}:{rel}")).digest()[:4], "big") * 1_000_003
+    image gets the same sample whatever its batch, shard or resume: the sample decode gives it
+    alone at seed sha1(SEED:REL) (decoding.sampling.SEED_STRIDE)."""
+    from ..decoding.sampling import SEED_STRIDE
+    return int.from_bytes(hashlib.sha1(os.fsencode(f"{seed}:{rel}")).digest()[:4], "big") * SEED_STRIDE
 
 
 def after_batch(summary: "Summary") -> None:

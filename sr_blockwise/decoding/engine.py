@@ -496,6 +496,14 @@ def engine_for(model: ImageTransformerSR, opts, engine: str = "auto") -> str:
 CALLS_PER_CROSSING = 256  # at most, from Python into the engine: ~0.01 s at batch 1, ~0.5 s at batch 64
 
 
+def call_options(batch: Batch, opts) -> _Options:
+    """The engine's settings for a call from decode options (sampling: after batch.sample_with)."""
+    if opts.temperature > 0:
+        return batch.options("sample", temperature=opts.temperature)
+    window = opts.eps if opts.propose == "window" and opts.eps > 0 else 0
+    return batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window, recycle=opts.propose == "recycle")
+
+
 def decode_native(model, lr, opts, progress, progress_every, proposer, seeds=None) -> DecodeResult:
     """decode on the native engine: one call per blockwise step of the whole batch, several calls
     a crossing from Python (Batch.iterate's max_calls); the loop here only notes when images
@@ -505,13 +513,9 @@ def decode_native(model, lr, opts, progress, progress_every, proposer, seeds=Non
     src = torch.from_numpy(to_tokens(lr)).cpu()
     B, k = len(lr), opts.k
     batch = Batch(model, src, k, opts.prior_weight, opts.guard, GUARD_SLOPE)
-    window = opts.eps if opts.propose == "window" and opts.eps > 0 else 0
     if opts.temperature > 0:
         batch.sample_with(sampling_noise(B, opts, "cpu", seeds, speculative=k > 1))
-        copts = batch.options("sample", temperature=opts.temperature)
-    else:
-        copts = batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window,
-                              recycle=opts.propose == "recycle")
+    copts = call_options(batch, opts)
     rows = torch.arange(B, dtype=torch.int64)
     batch.start(copts, rows)
     if proposer is not None and k > 1:
@@ -563,11 +567,7 @@ class ContinuousBatch:
             speculative = opts.k > 1
             self.batch.sample_with((torch.zeros(slots, SEQ_LEN, VOCAB), torch.zeros(slots, SEQ_LEN) if speculative else None,
                                     torch.zeros(slots, SEQ_LEN, VOCAB) if speculative else None))
-            self.copts = self.batch.options("sample", temperature=opts.temperature)
-        else:
-            window = opts.eps if opts.propose == "window" and opts.eps > 0 else 0
-            self.copts = self.batch.options(opts.rule, opts.eps, opts.top_k, opts.min_block, window,
-                                            recycle=opts.propose == "recycle")
+        self.copts = call_options(self.batch, opts)
         self.rows = torch.zeros(slots, dtype=torch.int64)  # rows[:live]: the slots decoding, in order
         self.live = 0
         self.tags: list = [None] * slots

@@ -5,9 +5,14 @@ import torch
 
 from ..model import SEQ_LEN
 
+# image i of a batch draws with seed * SEED_STRIDE + i: an image decoded alone with seed s draws
+# with s * SEED_STRIDE, which callers pass as `seeds` to give it that sample in any batch
+SEED_STRIDE = 1_000_003
+
+
 def sampling_noise(B, opts, dev, seeds=None, speculative=False):
     """Per-image noise from a per-image generator, by position, so that an image's sample does not
-    depend on its batch (with `seeds`, one per image; by default image i gets seed*1_000_003 + i):
+    depend on its batch (with `seeds`, one per image; by default image i gets seed * SEED_STRIDE + i):
     (Gumbel noise for each position's sure token (B, 3072, 256), and for speculative sampling the
     acceptance uniforms (B, 3072) and the drafts' Gumbel noise (B, 3072, 256)). A position's
     noise is used once for what is kept there: a draft redrawn after an earlier rejection reuses
@@ -15,7 +20,7 @@ def sampling_noise(B, opts, dev, seeds=None, speculative=False):
     first = torch.empty(B, SEQ_LEN, 256)
     accept, draft = (torch.empty(B, SEQ_LEN), torch.empty(B, SEQ_LEN, 256)) if speculative else (None, None)
     for i in range(B):
-        g = torch.Generator().manual_seed(int(seeds[i]) if seeds is not None else opts.seed * 1_000_003 + i)
+        g = torch.Generator().manual_seed(int(seeds[i]) if seeds is not None else opts.seed * SEED_STRIDE + i)
         first[i] = gumbel(g, (SEQ_LEN, 256))  # drawn first: k=1 samples as before speculative sampling
         if speculative:
             accept[i] = torch.rand(SEQ_LEN, generator=g)

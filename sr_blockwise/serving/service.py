@@ -23,7 +23,6 @@ from collections import deque
 
 import numpy as np
 
-SAMPLE_SEED_STRIDE = 1_000_003  # decoding.sampling: image 0 of a batch alone draws with seed * this
 
 
 def limit_malloc_arenas(n: int = 2) -> bool:
@@ -264,8 +263,7 @@ class DecodeService:
                 self._cond.notify_all()  # faces of these options that came meanwhile: another batch
 
     def _admit(self, stream, batch: list[Ticket], decoding: dict) -> None:
-        seeds = [t.opts.seed * SAMPLE_SEED_STRIDE for t in batch] if batch[0].opts.temperature > 0 else None
-        stream.admit(np.stack([t.lr for t in batch]), [id(t) for t in batch], seeds)
+        stream.admit(np.stack([t.lr for t in batch]), [id(t) for t in batch], _seeds(batch))
         decoding.update((id(t), t) for t in batch)
         batch.clear()
 
@@ -289,7 +287,7 @@ class DecodeService:
         from .live import Frame
         opts = batch[0].opts
         lr = np.stack([t.lr for t in batch])
-        seeds = [t.opts.seed * SAMPLE_SEED_STRIDE for t in batch] if opts.temperature > 0 else None
+        seeds = _seeds(batch)
         t0 = time.perf_counter()
 
         def progress(tokens, done, bmap, calls):
@@ -315,3 +313,9 @@ class DecodeService:
         for i, t in enumerate(batch):
             t._finish(DecodeResult(r.images[i:i + 1], [r.stats[i]], r.block_map[i:i + 1], seconds, r.calls,
                                    {"batch": len(batch)}))
+
+
+def _seeds(batch: list[Ticket]) -> list[int] | None:
+    """Each sampled face's seed for decode: the sample it gets alone, whatever its batch."""
+    from ..decoding.sampling import SEED_STRIDE
+    return [t.opts.seed * SEED_STRIDE for t in batch] if batch[0].opts.temperature > 0 else None
