@@ -415,6 +415,9 @@ def test_browser(server, files, tmp_path, monkeypatch):
             # a box drawn by two clicks on the photo (640 px shown for 832: the photo's px are 1.3x)
             view = page.locator("#view img")
             expect(view).to_be_visible(timeout=30_000)
+            # its pixels, not only the element: naturalWidth is 0 until the image has loaded
+            page.wait_for_function("() => { const i = document.querySelector('#view img'); "
+                                   "return i && i.complete && i.naturalWidth > 0; }", timeout=30_000)
             box = view.bounding_box()
             natural = view.evaluate("i => [i.naturalWidth, i.naturalHeight]")
             k = box["width"] / natural[0]  # shown size / served size (object-fit keeps the ratio)
